@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The project's test command (the README's second command and CI's): notebooks and library in sync,
+# notebooks clean, README rendered from nbs/index.ipynb, then every notebook and every pytest test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== checking that nbs/ and rlhf_nb/ are in sync (nbdev_export, nbdev_clean)"
+snapshot() { find rlhf_nb nbs README.md -type f -not -path "*/__pycache__/*" -not -path "*/.ipynb_checkpoints/*" | sort | xargs sha1sum; }
+before=$(snapshot)
+nbdev_export
+nbdev_clean
+python tools/render_readme.py --check
+after=$(snapshot)
+if [ "$before" != "$after" ]; then
+  echo "nbdev_export or nbdev_clean changed files: the notebooks and the library are out of sync:"
+  diff <(echo "$before") <(echo "$after") || true
+  exit 1
+fi
+echo "== nbdev_test (notebook cells are the tests; slow and gpu cells skipped)"
+nbdev_test --n_workers 2 --timing
+echo "== pytest tests/"
+python -m pytest tests/ -q -p no:cacheprovider
