@@ -1,0 +1,261 @@
+"""Benchmark arms. Each arm runs in its own fresh process: `python bench/arms.py ARM 'JSON-PARAMS'` and prints one
+`@@BENCH_RESULT {json}` line (timings, tokens, peak RSS of that process). bench/run.py interleaves them."""
+from __future__ import annotations
+import os, sys, json, time, math, statistics, warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+warnings.filterwarnings("ignore")
+import common as C
+
+ARMS = {}
+
+
+class Unavailable(Exception):
+    "The code this arm measures does not exist yet (an rlhf_nb module still being written): reported as skipped."
+
+
+def need(part, *names):
+    "Fetch `rlhf_nb.<part>.<name>` objects, or raise Unavailable naming what is missing."
+    got = [C.nb(part, n) for n in names]
+    missing = [n for n, g in zip(names, got) if g is None]
+    if missing: raise Unavailable(f"rlhf_nb.{part} has no {', '.join(missing)} yet")
+    return got if len(got) > 1 else got[0]
+
+
+def arm(name):
+    def deco(f):
+        ARMS[name] = f
+        return f
+    return deco
+
+
+def _round_times(stamps, steps_per_round, warmup_rounds):
+    "Per-round seconds from the (step, time) stamps taken at each optimizer step's end, warm-up rounds dropped."
+    ends = {s: t for s, t in stamps}
+    out = []
+    n_rounds = max(ends) // steps_per_round if ends else 0
+    for r in range(warmup_rounds, n_rounds):
+        a, b = r * steps_per_round, (r + 1) * steps_per_round
+        if a in ends and b in ends: out.append(ends[b] - ends[a])
+    return out
+
+
+def _trl_timer():
+    from transformers import TrainerCallback
+    class Timer(TrainerCallback):
+        "Time stamps at each optimizer step's end; optional wall-clock stop."
+        def __init__(self, max_seconds=None):
+            self.stamps, self.t0, self.max_seconds = [], None, max_seconds
+        def on_train_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter(); self.stamps.append((0, self.t0))
+        def on_step_end(self, args, state, control, **kw):
+            now = time.perf_counter(); self.stamps.append((state.global_step, now))
+            if self.max_seconds is not None and now - self.t0 >= self.max_seconds: control.should_training_stop = True
+            return control
+    return Timer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GRPO round: trl.GRPOTrainer (1.16)
+# ----------------------------------------------------------------------------------------------------------------
+def _trl_grpo_trainer(p, tok, model, max_steps, timer):
+    from trl import GRPOConfig, GRPOTrainer
+    reward, counter = C.trl_reward_func()
+    rows = C.arith_rows(p.get("n_train", 2000), "train", seed=p.get("seed", 0))
+    cfg = GRPOConfig(
+        output_dir=str(C.WORK / f"trl_grpo_{os.getpid()}"), report_to="none", save_strategy="no",
+        per_device_train_batch_size=p["prompts"] * p["generations"], num_generations=p["generations"],
+        num_iterations=p["updates_per_generation"], max_completion_length=p["max_new_tokens"],
+        learning_rate=p["lr"], beta=p.get("beta", 0.0), temperature=p.get("temperature", 1.0),
+        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=max_steps,
+        logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), dataloader_num_workers=0, lr_scheduler_type="constant",
+        warmup_steps=0, loss_type=p.get("loss_type", "dapo"), shuffle_dataset=True)
+    trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=cfg,
+                          train_dataset=C.to_trl(rows, "grpo"), callbacks=[timer])
+    return trainer, counter
+
+
+@arm("trl_grpo")
+def trl_grpo(p):
+    C.set_threads(p["threads"])
+    tok = C.tokenizer()
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    Timer = _trl_timer(); timer = Timer()
+    k = p["updates_per_generation"]
+    rounds = p["warmup_rounds"] + p["rounds"]
+    trainer, counter = _trl_grpo_trainer(p, tok, model, rounds * k, timer)
+    t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
+    times = _round_times(timer.stamps, k, p["warmup_rounds"])
+    tokens_per_round = counter["tokens"] / max(counter["calls"], 1)
+    return dict(round_s=statistics.median(times), round_times=times, tokens_per_round=tokens_per_round,
+                completion_tok_per_s=tokens_per_round / statistics.median(times), total_s=total)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PPO update: TRL 1.12 trl.experimental.ppo.PPOTrainer (runs under bench/.venv-trl112/bin/python)
+# ----------------------------------------------------------------------------------------------------------------
+def _tokenized_prompts(tok, rows):
+    from datasets import Dataset
+    ids = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True) for r in rows]
+    ids = [x["input_ids"] if isinstance(x, dict) or hasattr(x, "keys") else x for x in ids]
+    return Dataset.from_dict({"input_ids": ids})
+
+
+@arm("trl112_ppo")
+def trl112_ppo(p):
+    C.set_threads(p["threads"])
+    import trl
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    tok = C.tokenizer()
+    seed = p.get("seed", 0)
+    model = C.policy(tok, seed=seed, path=p.get("init_path"))
+    value = C.value_model(tok, seed=seed + 1)
+    reward = C.value_model(tok, seed=seed + 2)   # TRL's PPO needs a reward *model*; rlhf-nb uses the rule reward
+    B, mb = p["episodes"], p["mini_batch_size"]
+    updates = p["warmup_rounds"] + p["rounds"]
+    train = _tokenized_prompts(tok, C.arith_rows(max(B * updates, 256), "train", seed))
+    evald = _tokenized_prompts(tok, C.arith_rows(64, "test", seed))
+    cfg = PPOConfig(
+        output_dir=str(C.WORK / f"trl112_ppo_{os.getpid()}"), report_to="none", save_strategy="no",
+        per_device_train_batch_size=B, gradient_accumulation_steps=1, num_mini_batches=B // mb,
+        local_rollout_forward_batch_size=B, total_episodes=B * updates, num_ppo_epochs=p["ppo_epochs"],
+        response_length=p["max_new_tokens"], stop_token="eos", learning_rate=p["lr"], temperature=p.get("temperature", 1.0),
+        kl_coef=p.get("kl_coef", 0.05), bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,
+        num_sample_generations=0, logging_steps=1, disable_tqdm=True, seed=seed, missing_eos_penalty=None,
+        lr_scheduler_type="constant", per_device_eval_batch_size=16)
+    Timer = _trl_timer(); timer = Timer()
+    trainer = PPOTrainer(args=cfg, processing_class=tok, model=model, ref_model=None, reward_model=reward,
+                         train_dataset=train, eval_dataset=evald, value_model=value, callbacks=[timer])
+    t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
+    times = _round_times(timer.stamps, 1, p["warmup_rounds"])
+    return dict(update_s=statistics.median(times), update_times=times, total_s=total, trl_version=trl.__version__)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# DPO step: trl.DPOTrainer (1.16)
+# ----------------------------------------------------------------------------------------------------------------
+@arm("trl_dpo")
+def trl_dpo(p):
+    C.set_threads(p["threads"])
+    from trl import DPOConfig, DPOTrainer
+    tok = C.tokenizer()
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    steps = p["warmup_steps"] + p["steps"]
+    rows = C.pref_rows(max(p["n_pairs"], p["batch_size"] * steps), seed=p.get("seed", 0))
+    cfg = DPOConfig(
+        output_dir=str(C.WORK / f"trl_dpo_{os.getpid()}"), report_to="none", save_strategy="no",
+        per_device_train_batch_size=p["batch_size"], learning_rate=p["lr"], beta=p["beta"], loss_type=["sigmoid"],
+        precompute_ref_log_probs=p.get("precompute_ref", True), precompute_ref_batch_size=p["batch_size"],
+        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=steps, logging_steps=1,
+        disable_tqdm=True, seed=p.get("seed", 0), dataloader_num_workers=0, lr_scheduler_type="constant", max_length=64)
+    Timer = _trl_timer(); timer = Timer()
+    t0 = time.perf_counter()
+    trainer = DPOTrainer(model=model, ref_model=None, args=cfg, processing_class=tok,
+                         train_dataset=C.to_trl(rows, "dpo"), callbacks=[timer])
+    trainer.train(); total = time.perf_counter() - t0
+    times = _round_times(timer.stamps, 1, p["warmup_steps"])
+    # setup = everything before the first step ends minus that step (dataset tokenisation, ref log-prob precompute)
+    setup = timer.stamps[0][1] - t0
+    return dict(step_s=statistics.median(times), step_times=times, setup_s=setup, total_s=total)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --gpu: the 0.5B-shaped model (Qwen2.5-0.5B's config shape, random init, no download) in bf16
+# ----------------------------------------------------------------------------------------------------------------
+QWEN05_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                    intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                    rope_theta=1000000.0, rms_norm_eps=1e-6)
+DRY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=128, vocab_size=1024, max_position_embeddings=512, tie_word_embeddings=True)
+# Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from the vendors' data sheets; first match on the device name.
+PEAK_BF16_TFLOPS = [("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("B200", 2250.0),
+                    ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0), ("RTX 4090", 165.2),
+                    ("V100", 125.0), ("T4", 65.0)]
+
+
+def peak_tflops(device_name, override=None):
+    if override: return float(override), "given with --peak_tflops"
+    for key, v in PEAK_BF16_TFLOPS:
+        if key.lower() in (device_name or "").lower(): return v, f"{key} dense bf16 data-sheet peak"
+    return None, "unknown device: pass --peak_tflops"
+
+
+@arm("gpu_model")
+def gpu_model(p):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    dry = bool(p.get("dry_run"))
+    if not torch.cuda.is_available() and not dry:
+        raise Unavailable("no CUDA device here: --gpu skipped (run `python bench/run.py --gpu --dry_run` to test the logic on CPU)")
+    C.set_threads(p["threads"])
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cuda = dev.type == "cuda"
+    shape = DRY_SHAPE if dry else QWEN05_SHAPE
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    dtype = torch.bfloat16
+    cfg = Qwen2Config(**shape, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    torch.manual_seed(0)
+    with torch.device(dev): model = Qwen2ForCausalLM(cfg).to(dtype)
+    n_params = sum(t.numel() for t in model.parameters())           # tied embedding counted once
+    g = torch.Generator(device="cpu").manual_seed(0)
+    if cuda: torch.cuda.reset_peak_memory_stats()
+
+    # generation: B prompts of P random tokens, exactly NEW sampled tokens each (no eos)
+    B, P, NEW = (4, 8, 8) if dry else (p.get("gen_batch", 64), p.get("prompt_len", 64), p.get("new_tokens", 128))
+    prompts = torch.randint(10, cfg.vocab_size, (B, P), generator=g).to(dev)
+    kw = dict(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, eos_token_id=None, pad_token_id=0)
+    model.eval()
+    with torch.no_grad():
+        model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=4, min_new_tokens=4, **kw)  # warm-up
+        sync(); t0 = time.perf_counter()
+        out = model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=NEW, min_new_tokens=NEW, **kw)
+        sync(); gen_s = time.perf_counter() - t0
+    gen_tokens = (out.shape[1] - P) * B
+    gen_mem = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+
+    # training: AdamW steps on B x T tokens (next-token loss), bf16 weights and optimizer state
+    model.train()
+    TB, T = (2, 32) if dry else (p.get("train_batch", 8), p.get("train_len", 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **({"fused": True} if cuda else {}))
+    x = torch.randint(10, cfg.vocab_size, (TB, T), generator=g).to(dev)
+    warm, steps = (1, 2) if dry else (p.get("warmup_steps", 3), p.get("steps", 10))
+    times = []
+    for i in range(warm + steps):
+        sync(); t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        sync(); dt = time.perf_counter() - t0
+        if i >= warm: times.append(dt)
+    step_s = statistics.median(times)
+    tok = TB * T
+    name = torch.cuda.get_device_name(0) if cuda else C.cpu_model()
+    peak, peak_src = peak_tflops(name if cuda else "", p.get("peak_tflops"))
+    flops = 6 * n_params * tok / step_s
+    return dict(device=name, dry_run=dry, n_params=n_params, shape=shape, dtype="bfloat16",
+                gen_batch=B, prompt_len=P, new_tokens=NEW, gen_s=gen_s, gen_tok_per_s=gen_tokens / gen_s,
+                train_batch=TB, train_len=T, train_step_s=step_s, train_step_times=times, train_tok_per_s=tok / step_s,
+                achieved_tflops=flops / 1e12, peak_tflops=peak, peak_source=peak_src,
+                mfu=(flops / (peak * 1e12)) if peak else None,
+                peak_gpu_mem_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, gen_peak_gpu_mem_gb=gen_mem,
+                info=f"{name}; N={n_params/1e6:.1f}M params; MFU uses 6*N*tokens (attention FLOPs not counted) over "
+                     f"{peak if peak else '?'} TFLOP/s ({peak_src})")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def main(argv):
+    name, params = argv[0], json.loads(argv[1]) if len(argv) > 1 else {}
+    if name not in ARMS: raise SystemExit(f"unknown arm {name!r}; known: {', '.join(sorted(ARMS))}")
+    C.WORK.mkdir(parents=True, exist_ok=True)
+    try: res = ARMS[name](params)
+    except Unavailable as e: res = {"unavailable": str(e)}
+    res.update(arm=name)
+    C.emit(res)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

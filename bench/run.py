@@ -1,0 +1,425 @@
+"""rlhf-nb vs TRL, same work, same machine, one run: `python bench/run.py [--quick] [--gpu [--dry_run]] [--only NAME]`.
+
+Each measurement ("arm") runs in a FRESH subprocess (bench/arms.py) so peak RSS (`ru_maxrss`) is per arm; the two arms
+of a comparison alternate A, B, A, B, ... so machine load drifts hit both. Writes bench/results.json, bench/results.md
+and bench/results.png. Absolute times on a shared CPU drift; the ratios (rlhf-nb / TRL, same run) are the result."""
+from __future__ import annotations
+import os, sys, json, time, argparse, statistics, subprocess, datetime, shutil, tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as C
+
+BENCH = C.BENCH_DIR
+VENV112 = BENCH / ".venv-trl112"
+PY112 = VENV112 / "bin" / "python"
+RESULTS_JSON, RESULTS_MD, RESULTS_PNG = BENCH / "results.json", BENCH / "results.md", BENCH / "results.png"
+
+
+def log(*a):
+    print("[bench]", *a, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# TRL 1.12 lives in its own virtualenv (TRL >= 1.13 removed PPOTrainer)
+# ----------------------------------------------------------------------------------------------------------------
+def _venv_ok():
+    if not PY112.exists(): return False, "missing"
+    code = "import trl, requests; from trl.experimental.ppo import PPOTrainer; print(trl.__version__)"
+    r = subprocess.run([str(PY112), "-c", code], capture_output=True, text=True, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
+    if r.returncode != 0: return False, (r.stderr.strip().splitlines() or ["?"])[-1]
+    v = r.stdout.strip()
+    return v == "1.12.0", f"trl {v}"
+
+
+def ensure_trl112_venv():
+    "Create bench/.venv-trl112 (system site-packages + trl==1.12.0 without deps) when missing or broken; say so."
+    ok, why = _venv_ok()
+    if ok:
+        log(f"TRL 1.12 virtualenv ok: {VENV112} ({why})"); return True
+    log(f"TRL 1.12 virtualenv {VENV112} not usable ({why}); creating it:")
+    cmds = [[sys.executable, "-m", "venv", "--system-site-packages", str(VENV112)],
+            [str(PY112), "-m", "pip", "install", "--no-deps", "trl==1.12.0"]]
+    for cmd in cmds:
+        log("  $ " + " ".join(cmd))
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            log("  failed:", (r.stderr or r.stdout).strip()[-800:]); return False
+    ok, why = _venv_ok()
+    if not ok and "requests" in why:      # trl imports requests; system site-packages usually has it
+        subprocess.run([str(PY112), "-m", "pip", "install", "requests"], capture_output=True, text=True)
+        ok, why = _venv_ok()
+    log(f"TRL 1.12 virtualenv {'ready' if ok else 'still broken'} ({why})")
+    return ok
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Running one arm in a fresh process
+# ----------------------------------------------------------------------------------------------------------------
+def arm_env(threads):
+    env = dict(os.environ)
+    # Under CPU oversubscription (2 shared cores) OpenMP's default busy-wait makes 2-thread torch up to ~20x slower;
+    # passive waiting keeps both arms sane. Both arms get the same environment.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["MKL_NUM_THREADS"] = str(threads)
+    env.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", TRL_EXPERIMENTAL_SILENCE="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(C.REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def run_arm(name, params, python=None, timeout=600, logf=None):
+    "Run `bench/arms.py NAME` in a fresh process; return its result dict (or {'error': ...})."
+    python = str(python or sys.executable)
+    cmd = [python, str(BENCH / "arms.py"), name, json.dumps(params)]
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=arm_env(params.get("threads", 2)),
+                           cwd=str(C.REPO))
+        out, err, rc = r.stdout, r.stderr, r.returncode
+    except subprocess.TimeoutExpired as e:
+        out, err, rc = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout", -9
+    wall = time.perf_counter() - t0
+    if logf is not None:
+        logf.write(f"\n===== {name} {json.dumps(params)} rc={rc} wall={wall:.1f}s\n{out[-20000:]}\n--- stderr ---\n{err[-20000:]}\n")
+        logf.flush()
+    for line in out.splitlines()[::-1]:
+        if line.startswith(C.RESULT_TAG):
+            res = json.loads(line[len(C.RESULT_TAG):]); res["process_wall_s"] = wall
+            return res
+    tail = "\n".join((err or out).strip().splitlines()[-6:])
+    return {"error": f"rc={rc}: {tail}", "process_wall_s": wall}
+
+
+def summarize(values):
+    vals = [v for v in values if isinstance(v, (int, float))]
+    if not vals: return None
+    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+
+
+def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
+    """Interleaved A/B/...: for each repetition run every arm once, in order, each in a fresh process.
+    `arms`: list of (label, arm_name, params, python). Returns per-arm reps, summaries and ratios arm0/arm1."""
+    out = {"arms": {}, "order": []}
+    for label, name, params, python in arms:
+        out["arms"][label] = {"arm": name, "params": params, "reps": [], "summary": {}}
+    for rep in range(reps):
+        for label, name, params, python in arms:
+            if out["arms"][label].get("unavailable"): continue
+            log(f"{bench}: rep {rep + 1}/{reps} {label} ({name}) ...")
+            res = run_arm(name, params, python=python, timeout=params.get("timeout", 600), logf=logf)
+            res["load_1m"] = (C.load_avg() or [None])[0]
+            out["arms"][label]["reps"].append(res)
+            out["order"].append(label)
+            if "unavailable" in res:
+                out["arms"][label]["unavailable"] = res["unavailable"]; log(f"  {label} skipped: {res['unavailable']}")
+            elif "error" in res: log(f"  {label} FAILED: {res['error'][-400:]}")
+            else: log("  " + ", ".join(f"{m}={res[m]:.4g}" for m in metrics if isinstance(res.get(m), (int, float))))
+    for label, a in out["arms"].items():
+        for m in metrics: a["summary"][m] = summarize([r.get(m) for r in a["reps"]])
+        errs = [r["error"] for r in a["reps"] if "error" in r]
+        if errs: a["errors"] = errs
+    labels = list(out["arms"])
+    if len(labels) >= 2:
+        A, B = out["arms"][labels[0]], out["arms"][labels[1]]
+        out["ratio_of"] = f"{labels[0]} / {labels[1]}"
+        out["ratios"], out["paired_ratios"] = {}, {}
+        for m in metrics:
+            sa, sb = A["summary"].get(m), B["summary"].get(m)
+            if sa and sb and sb["median"]: out["ratios"][m] = sa["median"] / sb["median"]
+            pr = [ra[m] / rb[m] for ra, rb in zip(A["reps"], B["reps"])
+                  if isinstance(ra.get(m), (int, float)) and isinstance(rb.get(m), (int, float)) and rb[m]]
+            if pr: out["paired_ratios"][m] = summarize(pr)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The benchmarks
+# ----------------------------------------------------------------------------------------------------------------
+def grpo_params(a):
+    return dict(threads=a.threads, prompts=16, generations=8, max_new_tokens=16, updates_per_generation=2, lr=a.lr,
+                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=3 if a.quick else 6, seed=0, init_path=a.init_path)
+
+
+def bench_grpo(a, logf):
+    p = grpo_params(a)
+    res = ab("grpo", [("rlhf-nb", "nb_grpo", p, None), ("trl-1.16", "trl_grpo", p, None)], a.reps,
+             ["round_s", "completion_tok_per_s", "peak_rss_mb"], logf)
+    res["what"] = ("one GRPO round = generate 16 prompts x 8 completions (max 16 new tokens, T=1) + score + 2 optimizer "
+                   "updates on them (TRL: num_iterations=2); fp32, same lr, constant schedule; time after warm-up round(s)")
+    res["target"] = {"round_s": 0.6, "peak_rss_mb": 1.0}
+    return res
+
+
+def bench_grpo_accuracy(a, logf):
+    "Held-out greedy accuracy after equal wall time from the same SFT start (full run only)."
+    p = dict(grpo_params(a), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_path)
+    res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
+             ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
+    res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
+                   f"{a.n_eval} held-out prompts; same lr / batch / generations")
+    return res
+
+
+def bench_ppo(a, logf):
+    p = dict(threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
+             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=3 if a.quick else 5, seed=0, init_path=a.init_path)
+    ok = ensure_trl112_venv()
+    arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112 if ok else None)]
+    if not ok: arms = arms[:1]
+    res = ab("ppo", arms, a.reps, ["update_s", "peak_rss_mb"], logf)
+    res["what"] = ("one PPO update = generate 128 episodes (response length 16) + reward + ref/old log-probs + values + "
+                   "GAE + 2 PPO epochs x 2 minibatches of 64; separate critic; TRL 1.12 also runs a tiny reward model")
+    res["target"] = {"update_s": 0.5, "peak_rss_mb": 1.0}
+    if not ok: res["note"] = "TRL 1.12 virtualenv could not be created; only the rlhf-nb arm ran"
+    return res
+
+
+def bench_dpo(a, logf):
+    p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=2,
+             steps=6 if a.quick else 12, seed=0, init_path=a.init_path, precompute_ref=True)
+    res = ab("dpo", [("rlhf-nb", "nb_dpo", p, None), ("trl-1.16", "trl_dpo", p, None)], a.reps,
+             ["step_s", "peak_rss_mb", "setup_s"], logf)
+    res["what"] = ("one DPO optimizer step on 32 preference pairs of the arithmetic task (chosen = right answer, "
+                   "rejected = wrong), fp32, sigmoid loss beta=0.1, reference log-probs precomputed before training")
+    return res
+
+
+def bench_refs(a, logf):
+    res = ab("ref_strategies", [("rlhf-nb", "ref_strategies", dict(threads=a.threads), None)], 1,
+             ["copy_bytes", "peft_bytes", "none_bytes"], logf)
+    res["what"] = "bytes of weights resident for the reference policy: frozen copy / PEFT base with adapter off / none"
+    return res
+
+
+def bench_rewards(a, logf):
+    res = ab("rewards", [("rlhf-nb", "rewards", dict(threads=1, quick=a.quick, timeout=900), None)], 1,
+             ["reward_manager_completions_per_s", "math_verify_calls_per_s"], logf)
+    res["what"] = "RewardManager on 10,000 GSM8K-style completions; math-verify calls/s (bench/bench_rewards.py)"
+    return res
+
+
+def bench_gpu(a, logf):
+    p = dict(threads=a.threads, dry_run=a.dry_run, peak_tflops=a.peak_tflops, timeout=600)
+    res = ab("gpu", [("hf-qwen2-0.5b-shape", "gpu_model", p, None)], 1,
+             ["gen_tok_per_s", "train_tok_per_s", "train_step_s", "peak_gpu_mem_gb", "mfu"], logf)
+    res["what"] = ("0.5B-shaped Qwen2 (hidden 896, 24 layers, 14 heads, 2 kv heads, ffn 4864, vocab 151936), random init, "
+                   "bf16: generation and training throughput, step time, peak GPU memory, MFU = 6*N*tokens/time/peak")
+    if a.dry_run: res["what"] += " -- DRY RUN: small shape on CPU, numbers only test the logic"
+    return res
+
+
+BENCHES = {"grpo": bench_grpo, "ppo": bench_ppo, "dpo": bench_dpo, "ref_strategies": bench_refs,
+           "rewards": bench_rewards, "grpo_accuracy": bench_grpo_accuracy, "gpu": bench_gpu}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------------------------
+def fmt(x, nd=3):
+    if x is None: return "—"
+    if isinstance(x, float):
+        if abs(x) >= 1e6: return f"{x:.3g}"
+        return f"{x:.{nd}g}" if abs(x) < 1000 else f"{x:,.0f}"
+    return str(x)
+
+
+def write_md(results):
+    m, L = results, []
+    L.append("# rlhf-nb benchmark results\n")
+    L.append(f"- date: {m['date']}  (mode: {m['mode']})")
+    mc = m["machine"]
+    L.append(f"- machine: {mc['cpu_model']}, {mc['cores']} cores, {mc.get('mem_total_gb')} GB RAM, {mc['platform']}")
+    v = m["versions"]
+    L.append(f"- versions: python {mc['python']}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
+             f"trl {v.get('trl')} (PPO baseline: trl {m.get('versions_trl112', {}).get('trl')} in bench/.venv-trl112), "
+             f"peft {v.get('peft')}")
+    L.append(f"- torch threads per arm: {m['settings']['threads']}, OMP_WAIT_POLICY={m['settings']['omp_wait_policy']}")
+    L.append(f"- load (uptime) before: `{m['uptime_before']}`")
+    L.append(f"- load (uptime) after:  `{m['uptime_after']}`")
+    L.append(f"- command: `{m['command']}`\n")
+    L.append("Ratios are rlhf-nb / TRL from the same run (medians of interleaved repetitions, each arm in a fresh "
+             "process); below 1 means rlhf-nb is faster / leaner. Paired = median of per-repetition ratios.\n")
+    rows = []
+    for name, b in m["benches"].items():
+        for met, r in (b.get("ratios") or {}).items():
+            pr = (b.get("paired_ratios") or {}).get(met) or {}
+            tgt = (b.get("target") or {}).get(met)
+            ok = "" if tgt is None else ("met" if r <= tgt else "NOT met")
+            rows.append(f"| {name} | {met} | {fmt(r)} | {fmt(pr.get('min'))}–{fmt(pr.get('max'))} | "
+                        f"{'≤ ' + fmt(tgt) if tgt is not None else ''} {ok} |")
+    if rows:
+        L.append("## Ratios (rlhf-nb / TRL)\n")
+        L.append("| bench | metric | ratio of medians | paired min–max | target |")
+        L.append("|---|---|---|---|---|")
+        L += rows
+        L.append("")
+    for name, b in m["benches"].items():
+        L.append(f"## {name}\n")
+        if b.get("what"): L.append(b["what"] + "\n")
+        if b.get("note"): L.append(f"Note: {b['note']}\n")
+        if b.get("date"): L.append(f"(measured {b['date']}, load before/after: {b.get('load_before')} / {b.get('load_after')})\n")
+        if b.get("skipped"): L.append(f"Skipped: {b['skipped']}\n"); continue
+        mets = sorted({k for a in b["arms"].values() for k in a["summary"]})
+        L.append("| arm | metric | median | min | max | n |")
+        L.append("|---|---|---|---|---|---|")
+        for label, a in b["arms"].items():
+            for met in mets:
+                s = a["summary"].get(met)
+                if s: L.append(f"| {label} | {met} | {fmt(s['median'])} | {fmt(s['min'])} | {fmt(s['max'])} | {s['n']} |")
+            if a.get("unavailable"): L.append(f"| {label} | not measured | {a['unavailable']} | | | |")
+            for e in a.get("errors", [])[:2]:
+                L.append(f"| {label} | ERROR | {e.splitlines()[-1][:160].replace('|', '/')} | | | |")
+        extra = [(label, r.get("info")) for label, a in b["arms"].items() for r in a["reps"][:1] if r.get("info")]
+        for label, info in extra: L.append(f"\n{label}: {info}")
+        L.append("")
+    tmp = RESULTS_MD.with_suffix(".md.tmp"); tmp.write_text("\n".join(L) + "\n"); os.replace(tmp, RESULTS_MD)
+
+
+def write_png(results):
+    try:
+        import matplotlib; matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as e:
+        log(f"no plot ({e})"); return
+    items = [(f"{n}\n{met}", r, (b.get("target") or {}).get(met)) for n, b in results["benches"].items()
+             for met, r in (b.get("ratios") or {}).items()]
+    if not items: return
+    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(items)), 3.6))
+    xs = range(len(items))
+    bars = ax.bar(xs, [r for _, r, _ in items], color=["tab:green" if r <= (t or 1.0) else "tab:red" for _, r, t in items])
+    for i, (_, r, t) in enumerate(items):
+        ax.text(i, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
+        if t: ax.plot([i - 0.4, i + 0.4], [t, t], "k--", lw=1)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(list(xs)); ax.set_xticklabels([n for n, _, _ in items], fontsize=7)
+    ax.set_ylabel("rlhf-nb / TRL (lower is better)")
+    ax.set_title(f"rlhf-nb vs TRL, same run ({results['date'][:10]}, load {results.get('load_before_1m')})", fontsize=9)
+    fig.tight_layout()
+    tmp = str(RESULTS_PNG) + ".tmp.png"; fig.savefig(tmp, dpi=110); os.replace(tmp, RESULTS_PNG)
+
+
+def write_json(results):
+    tmp = RESULTS_JSON.with_suffix(".json.tmp"); tmp.write_text(json.dumps(results, indent=1, default=float)); os.replace(tmp, RESULTS_JSON)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions/rounds, no accuracy arm (< 10 min)")
+    ap.add_argument("--gpu", action="store_true", help="only the GPU bench (0.5B-shaped model, bf16); skips without CUDA")
+    ap.add_argument("--dry_run", action="store_true", help="with --gpu: a small shape on CPU to test the logic")
+    ap.add_argument("--only", action="append", default=None, choices=sorted(BENCHES), help="run only these benches")
+    ap.add_argument("--reps", type=int, default=None, help="A/B repetitions (default 2 quick, 5 full)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per arm (<= 2 on the shared CPU)")
+    ap.add_argument("--lr", type=float, default=1e-5, help="learning rate used by both sides")
+    ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
+    ap.add_argument("--n_eval", type=int, default=300, help="GRPO accuracy arm: held-out prompts")
+    ap.add_argument("--sft", dest="use_sft", action="store_true", default=None, help="start timing arms from the SFT checkpoint")
+    ap.add_argument("--peak_tflops", type=float, default=None, help="--gpu: override the assumed peak bf16 TFLOP/s")
+    ap.add_argument("--out", default=None, help="write results here instead of bench/ (json; md/png beside it)")
+    a = ap.parse_args(argv)
+    if a.reps is None: a.reps = 2 if a.quick else 5
+    if a.dry_run and not a.gpu: ap.error("--dry_run only applies with --gpu")
+    return a
+
+
+def _has_cuda():
+    r = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True)
+    return r.stdout.strip() == "True"
+
+
+def sft_start(a):
+    "Path of the shared SFT start (rlhf_nb.sft.sft_warm_start, cached under bench/_work/sft_start)."
+    f = C.nb("sft", "sft_warm_start")
+    if f is None: return None
+    path = C.WORK / "sft_start"
+    log(f"SFT warm start -> {path} (reused when present)")
+    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import common as C; C.set_threads({a.threads});"
+            f"from rlhf_nb.sft import sft_warm_start; print(sft_warm_start({str(path)!r}, seed=0))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=arm_env(a.threads), timeout=900)
+    if r.returncode != 0:
+        log("SFT warm start failed:", r.stderr.strip()[-600:]); return None
+    return r.stdout.strip().splitlines()[-1]
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    global RESULTS_JSON, RESULTS_MD, RESULTS_PNG
+    if a.out:
+        RESULTS_JSON = Path(a.out); RESULTS_MD = RESULTS_JSON.with_suffix(".md"); RESULTS_PNG = RESULTS_JSON.with_suffix(".png")
+    C.WORK.mkdir(parents=True, exist_ok=True)
+    if a.gpu and not a.dry_run and not _has_cuda():
+        log("no CUDA device here: --gpu skipped, results untouched (use --gpu --dry_run to test the logic on CPU)")
+        return 0
+    if a.gpu: names = ["gpu"]
+    elif a.only: names = a.only
+    else: names = ["grpo", "ppo", "dpo", "ref_strategies", "rewards"] + ([] if a.quick else ["grpo_accuracy"])
+    if a.quick and "grpo_accuracy" in names: sys.exit("grpo_accuracy runs in the full mode only (drop --quick)")
+    a.init_path, a.sft_path = None, None
+    if "grpo_accuracy" in names or a.use_sft:
+        a.sft_path = sft_start(a)
+        if a.use_sft: a.init_path = a.sft_path
+    t_start = time.time()
+    before, up_before = C.load_avg(), C.uptime_line()
+    log(f"load before: {up_before}")
+    cmd = "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    benches = {}
+    with open(C.WORK / "arms.log", "a") as logf:
+        for n in names:
+            t0 = time.time(); lb = C.load_avg()
+            if n == "grpo_accuracy" and not a.sft_path:
+                res = {"skipped": "rlhf_nb.sft.sft_warm_start is not available (or failed), so there is no SFT start", "arms": {}}
+            else:
+                res = BENCHES[n](a, logf)
+            res.update(date=datetime.datetime.now().isoformat(timespec="seconds"), seconds=round(time.time() - t0, 1),
+                       load_before=lb and round(lb[0], 2), load_after=round((C.load_avg() or [0])[0], 2))
+            benches[n] = res
+            log(f"{n}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))
+    after, up_after = C.load_avg(), C.uptime_line()
+    log(f"load after: {up_after}")
+    results = {}
+    if RESULTS_JSON.exists() and (a.only or a.gpu):     # partial runs update their benches in the last results
+        try: results = json.loads(RESULTS_JSON.read_text())
+        except Exception: results = {}
+    prev = results.get("benches", {})
+    results.update(
+        date=datetime.datetime.now().isoformat(timespec="seconds"), command=cmd,
+        mode=("gpu-dry_run" if a.dry_run else "gpu") if a.gpu else ("quick" if a.quick else "full"),
+        machine=C.machine(), versions=C.versions(), versions_trl112=C.versions(str(PY112)) if PY112.exists() else None,
+        settings={"threads": a.threads, "omp_wait_policy": arm_env(a.threads)["OMP_WAIT_POLICY"], "reps": a.reps,
+                  "lr": a.lr, "init": a.init_path or "random init (seed 0)", "stand_ins": stand_ins()},
+        uptime_before=up_before, uptime_after=up_after, load_before_1m=before and round(before[0], 2),
+        load_after_1m=after and round(after[0], 2), wall_seconds=round(time.time() - t_start, 1),
+        benches={**prev, **benches})
+    write_json(results); write_md(results); write_png(results)
+    log(f"wrote {RESULTS_JSON}, {RESULTS_MD.name}, {RESULTS_PNG.name} in {results['wall_seconds']} s")
+    print()
+    for n, b in benches.items():
+        for met, r in (b.get("ratios") or {}).items():
+            t = (b.get("target") or {}).get(met)
+            print(f"  {n:15s} {met:22s} rlhf-nb/TRL = {r:6.3f}" + (f"   (target <= {t}: {'met' if r <= t else 'NOT met'})" if t else ""))
+        if b.get("skipped"): print(f"  {n:15s} skipped: {b['skipped']}")
+        for label, arm in b.get("arms", {}).items():
+            if arm.get("unavailable"): print(f"  {n:15s} {label}: not measured ({arm['unavailable']})")
+            if arm.get("errors"): print(f"  {n:15s} {label}: ERROR {arm['errors'][0].splitlines()[-1][:200]}")
+    return 0
+
+
+def stand_ins():
+    "Which parts of rlhf_nb the bench had to replace with its own stand-ins (modules not landed yet)."
+    need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "data": ["make_arith", "to_trl_grpo", "to_trl_dpo"],
+            "rewards": ["compute_score", "trl_reward_func", "RewardManager"], "sft": ["sft_warm_start", "greedy_accuracy"],
+            "ppo": ["RLTrainer", "PPOConfig"], "dpo_grpo": ["GRPOConfig", "dpo_loss"]}
+    code = ("import json,sys; sys.path.insert(0, %r); import common as C; need=%r\n"
+            "print(json.dumps({m: [n for n in ns if C.nb(m, n) is None] for m, ns in need.items()}))") % (str(BENCH), need)
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=arm_env(1))
+        missing = json.loads(r.stdout.strip().splitlines()[-1])
+        return {m: v for m, v in missing.items() if v}
+    except Exception as e:
+        return {"error": str(e)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
