@@ -60,6 +60,15 @@ def _trl_timer():
     return Timer
 
 
+@arm("selftest")
+def selftest(p):
+    "A trivial arm for the harness's own tests: sleeps, allocates `mb` MB, reports the numbers it was given."
+    buf = bytearray(b"\x01") * int(p.get("mb", 0) * 2**20)   # touched pages, so they count in RSS
+    time.sleep(p.get("sleep", 0.0))
+    if p.get("fail"): raise RuntimeError("selftest asked to fail")
+    return dict(value=p.get("value", 1.0), n_bytes=len(buf))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # GRPO round: trl.GRPOTrainer (1.16)
 # ----------------------------------------------------------------------------------------------------------------
@@ -115,7 +124,8 @@ def trl112_ppo(p):
     seed = p.get("seed", 0)
     model = C.policy(tok, seed=seed, path=p.get("init_path"))
     value = C.value_model(tok, seed=seed + 1)
-    reward = C.value_model(tok, seed=seed + 2)   # TRL's PPO needs a reward *model*; rlhf-nb uses the rule reward
+    # TRL's PPO needs a reward *model* (rlhf-nb uses the rule reward); a random non-zero head so scores vary
+    reward = C.value_model(tok, seed=seed + 2, head_std=0.02)
     B, mb = p["episodes"], p["mini_batch_size"]
     updates = p["warmup_rounds"] + p["rounds"]
     train = _tokenized_prompts(tok, C.arith_rows(max(B * updates, 256), "train", seed))
@@ -162,6 +172,251 @@ def trl_dpo(p):
     # setup = everything before the first step ends minus that step (dataset tokenisation, ref log-prob precompute)
     setup = timer.stamps[0][1] - t0
     return dict(step_s=statistics.median(times), step_times=times, setup_s=setup, total_s=total)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# rlhf-nb arms: RLTrainer (PPO / GRPO) and the DPO loop
+# ----------------------------------------------------------------------------------------------------------------
+def _stamp_calls(obj, attr, stamps):
+    "Wrap obj.attr so each call appends perf_counter() at its end (a per-step clock like TRL's on_step_end)."
+    inner = getattr(obj, attr)
+    def wrapped(*a, **k):
+        out = inner(*a, **k); stamps.append(time.perf_counter()); return out
+    setattr(obj, attr, wrapped)
+
+
+def _phase_medians(history, warmup):
+    "Medians of the trainer's own per-phase timers (time/rollout, time/reward, ...) after warm-up."
+    rows = [h for h in history if h.get("step", 0) > warmup]
+    keys = sorted({k for h in rows for k in h if k.startswith("time/") and k != "time/elapsed"})
+    return {k: statistics.median([h[k] for h in rows if k in h]) for k in keys}
+
+
+def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
+    "rlhf-nb's GRPO config for the bench settings (GRPOConfig from rlhf_nb.dpo_grpo; PPOConfig(adv_estimator='grpo') if absent)."
+    G = C.nb("dpo_grpo", "GRPOConfig")
+    P = need("ppo", "PPOConfig")
+    Cfg, src = (G, "rlhf_nb.dpo_grpo.GRPOConfig") if G is not None else (P, "rlhf_nb.ppo.PPOConfig(adv_estimator='grpo')")
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(Cfg)}
+    kw = dict(output_dir=str(out_dir), per_device_train_batch_size=p["prompts"], num_generations=p["generations"],
+              num_ppo_epochs=p["updates_per_generation"], mini_batch_size=p["prompts"] * p["generations"],
+              max_completion_length=p["max_new_tokens"], learning_rate=p["lr"], temperature=p.get("temperature", 1.0),
+              max_steps=max_steps, max_seconds=max_seconds, eval_steps=0, save_steps=0, save_final=False,
+              logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), report_to="none", lr_scheduler_type="constant",
+              arith_train_size=p.get("n_train", 2000))
+    if G is None: kw.update(adv_estimator="grpo", critic="none", use_kl_loss=True)
+    if timing:
+        # same work as TRL's round: no dropping of all-equal groups (it would skip updates), beta as given
+        for k in ("filter_groups", "drop_zero_signal_groups", "filter_zero_std_groups", "skip_zero_signal"):
+            if k in names: kw[k] = False
+    beta = p.get("beta")
+    if beta is not None:
+        kw["kl_coef"] = beta
+        if beta == 0 and "ref_strategy" in names: kw["ref_strategy"] = "none"
+    kw = {k: v for k, v in kw.items() if k in names}
+    return Cfg(**kw), src
+
+
+def _nb_rl_trainer(cfg, tok, model):
+    RLTrainer = need("ppo", "RLTrainer")
+    return RLTrainer(cfg, policy=model, tokenizer=tok).init_workers()
+
+
+@arm("nb_grpo")
+def nb_grpo(p):
+    C.set_threads(p["threads"])
+    tok = C.tokenizer()
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    rounds = p["warmup_rounds"] + p["rounds"]
+    cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_{os.getpid()}", rounds)
+    trainer = _nb_rl_trainer(cfg, tok, model)
+    stamps = []
+    _stamp_calls(trainer, "step", stamps)
+    t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
+    ends = [t0] + stamps
+    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_rounds"]:]
+    lens = [h["response/length"] for h in hist if "response/length" in h][p["warmup_rounds"]:]
+    tokens = statistics.mean(lens) * p["prompts"] * p["generations"] if lens else None
+    return dict(round_s=statistics.median(times), round_times=times, tokens_per_round=tokens,
+                completion_tok_per_s=tokens / statistics.median(times) if tokens else None, total_s=total,
+                phases=_phase_medians(hist, p["warmup_rounds"]), config_source=src,
+                info=f"config: {src}, kl_coef={getattr(cfg, 'kl_coef', None)}, ref={getattr(cfg, 'ref_strategy', None)}")
+
+
+@arm("nb_ppo")
+def nb_ppo(p):
+    C.set_threads(p["threads"])
+    PPOConfig = need("ppo", "PPOConfig")
+    tok = C.tokenizer()
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    updates = p["warmup_rounds"] + p["rounds"]
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    kw = dict(output_dir=str(C.WORK / f"nb_ppo_{os.getpid()}"), per_device_train_batch_size=p["episodes"], num_generations=1,
+              mini_batch_size=p["mini_batch_size"], num_ppo_epochs=p["ppo_epochs"], max_completion_length=p["max_new_tokens"],
+              learning_rate=p["lr"], temperature=p.get("temperature", 1.0), kl_coef=p.get("kl_coef", 0.05),
+              adv_estimator="gae", ref_strategy="copy", max_steps=updates, eval_steps=0, save_steps=0, save_final=False,
+              logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), report_to="none", lr_scheduler_type="constant",
+              arith_train_size=max(2000, p["episodes"] * updates))
+    cfg = PPOConfig(**{k: v for k, v in kw.items() if k in names})
+    trainer = _nb_rl_trainer(cfg, tok, model)
+    stamps = []
+    _stamp_calls(trainer, "step", stamps)
+    t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
+    ends = [t0] + stamps
+    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_rounds"]:]
+    return dict(update_s=statistics.median(times), update_times=times, total_s=total,
+                phases=_phase_medians(hist, p["warmup_rounds"]))
+
+
+@arm("nb_dpo")
+def nb_dpo(p):
+    C.set_threads(p["threads"])
+    DPOConfig, DPOLoop = need("dpo_grpo", "DPOConfig", "DPOLoop")
+    tok = C.tokenizer()
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    steps = p["warmup_steps"] + p["steps"]
+    rows = C.pref_rows(max(p["n_pairs"], p["batch_size"] * steps), seed=p.get("seed", 0))
+    import dataclasses
+    names = {f.name for f in dataclasses.fields(DPOConfig)}
+    kw = dict(output_dir=str(C.WORK / f"nb_dpo_{os.getpid()}"), per_device_train_batch_size=p["batch_size"],
+              learning_rate=p["lr"], beta=p["beta"], loss_type="sigmoid", max_steps=steps, eval_steps=10**9,
+              logging_steps=1, seed=p.get("seed", 0), report_to="none", warmup_steps=0, max_length=64,
+              ref_strategy="precompute" if p.get("precompute_ref", True) else "peft", precompute_ref_batch_size=p["batch_size"],
+              num_eval_prompts=0, num_eval_pairs=0)
+    cfg = DPOConfig(**{k: v for k, v in kw.items() if k in names})
+    os.environ["TQDM_DISABLE"] = "1"
+    t0 = time.perf_counter()
+    loop = DPOLoop(cfg, model, tok, rows)
+    stamps = []
+    _stamp_calls(loop.scheduler, "step", stamps)
+    loop.prepare_reference(); t_ref = time.perf_counter()
+    loop.fit(); total = time.perf_counter() - t0
+    ends = [t_ref] + stamps
+    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_steps"]:]
+    return dict(step_s=statistics.median(times), step_times=times, setup_s=t_ref - t0, total_s=total)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GRPO accuracy after equal wall time (from the same SFT start)
+# ----------------------------------------------------------------------------------------------------------------
+def _accuracy(model, tok, rows):
+    ga = need("sft", "greedy_accuracy")
+    was = model.training; model.eval()
+    acc = ga(model, tok, rows)["accuracy"]
+    model.train(was)
+    return acc
+
+
+@arm("nb_grpo_acc")
+def nb_grpo_acc(p):
+    C.set_threads(p["threads"])
+    tok = C.tokenizer()
+    model = C.policy(tok, path=p["init_path"])
+    test = C.arith_rows(p["n_eval"], "test", seed=0)
+    acc0 = _accuracy(model, tok, test)
+    cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_acc_{os.getpid()}", 10**6, max_seconds=p["wall_seconds"], timing=False)
+    trainer = _nb_rl_trainer(cfg, tok, model)
+    t0 = time.perf_counter(); hist = trainer.fit(); wall = time.perf_counter() - t0
+    acc1 = _accuracy(trainer.unwrapped_policy if hasattr(trainer, "unwrapped_policy") else model, tok, test)
+    return dict(accuracy_start=acc0, accuracy_end=acc1, accuracy_gain=acc1 - acc0, rounds_done=trainer.global_step,
+                wall_s=wall, config_source=src)
+
+
+@arm("trl_grpo_acc")
+def trl_grpo_acc(p):
+    C.set_threads(p["threads"])
+    tok = C.tokenizer()
+    model = C.policy(tok, path=p["init_path"])
+    test = C.arith_rows(p["n_eval"], "test", seed=0)
+    acc0 = _accuracy(model, tok, test)
+    Timer = _trl_timer(); timer = Timer(max_seconds=p["wall_seconds"])
+    trainer, _ = _trl_grpo_trainer(p, tok, model, 10**6, timer)
+    t0 = time.perf_counter(); trainer.train(); wall = time.perf_counter() - t0
+    acc1 = _accuracy(trainer.model, tok, test)
+    return dict(accuracy_start=acc0, accuracy_end=acc1, accuracy_gain=acc1 - acc0,
+                rounds_done=trainer.state.global_step / p["updates_per_generation"], wall_s=wall)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reference strategies: bytes of weights resident for copy / peft / none
+# ----------------------------------------------------------------------------------------------------------------
+def resident_bytes(*objs):
+    "Bytes of distinct tensor storages held by the parameters and buffers of these modules (shared storage counted once)."
+    import torch
+    seen, total = set(), 0
+    for o in objs:
+        if o is None: continue
+        for t in list(o.parameters()) + list(o.buffers()):
+            if t.device.type == "meta":
+                total += t.numel() * t.element_size(); continue
+            st = t.untyped_storage()
+            if st.data_ptr() in seen: continue
+            seen.add(st.data_ptr()); total += st.nbytes()
+    return total
+
+
+def _lora_config(r=8, alpha=16):
+    from peft import LoraConfig
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def _ref_strategies_generic(model_fn):
+    "Policy + reference for each strategy, built the textbook way; returns {strategy: (policy, reference)}."
+    import copy
+    from peft import get_peft_model
+    out = {}
+    pol = model_fn(); ref = copy.deepcopy(pol).eval().requires_grad_(False); out["copy"] = (pol, ref)
+    pol = get_peft_model(model_fn(), _lora_config()); out["peft"] = (pol, None)   # reference = pol with adapter disabled
+    out["none"] = (model_fn(), None)
+    return out
+
+
+@arm("ref_strategies")
+def ref_strategies(p):
+    "Resident weight bytes of policy + reference for each strategy: the tiny model (measured) and the 0.5B shape (meta)."
+    C.set_threads(p["threads"])
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    tok = C.tokenizer()
+    res, source = {}, "bench's textbook construction (deepcopy / peft LoRA r=8 with adapter disabled / nothing)"
+    make_ref = C.nb("ppo", "make_reference") or C.nb("ppo", "build_reference")
+    for scale, model_fn in [("tiny", lambda: C.policy(tok)),
+                            ("0.5b_bf16", lambda: _meta_qwen05())]:
+        if make_ref is not None and scale == "tiny":
+            source = f"rlhf_nb.ppo.{make_ref.__name__}"
+            models = {}
+            for s in ("copy", "peft", "none"):
+                pol, ref = _call_make_ref(make_ref, model_fn(), s)
+                models[s] = (pol, ref)
+        else:
+            models = _ref_strategies_generic(model_fn)
+        base = resident_bytes(model_fn())
+        for s, (pol, ref) in models.items():
+            tot = resident_bytes(pol, ref)
+            res[f"{s}_bytes" if scale == "tiny" else f"{s}_bytes_{scale}"] = tot - base
+            res[f"{s}_total_bytes" if scale == "tiny" else f"{s}_total_bytes_{scale}"] = tot
+        res[f"policy_bytes_{scale}"] = base
+    res["info"] = ("*_bytes = weight bytes resident beyond the policy's own weights (for peft: the LoRA adapter, which "
+                   "is trained, so the reference itself adds 0); *_total_bytes = policy + reference; 0.5b_bf16 counted "
+                   f"on the meta device from Qwen2.5-0.5B's shape. Built by {source}.")
+    return res
+
+
+def _meta_qwen05():
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    cfg = Qwen2Config(**QWEN05_SHAPE, bos_token_id=None, eos_token_id=None, pad_token_id=0, dtype="bfloat16")
+    with torch.device("meta"): return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+
+
+def _call_make_ref(make_ref, policy, strategy):
+    "Adapter for rlhf_nb.ppo's reference builder; normalises its return to (policy, reference-or-None)."
+    out = make_ref(policy, strategy)
+    if isinstance(out, tuple): return out[0], out[1]
+    return policy, out if out is not policy else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

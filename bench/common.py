@@ -23,6 +23,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def vm_hwm_mb():
+    """Peak RSS of this process image from /proc/self/status (VmHWM); unlike ru_maxrss it does not inherit the RSS the
+    forking parent had, so it cross-checks ru_maxrss when the parent is large (e.g. under pytest)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"): return int(line.split()[1]) / 1024
+    except OSError: return None
+
+
 def set_threads(n: int):
     import torch
     torch.set_num_threads(n)
@@ -34,6 +43,7 @@ def emit(result: dict):
     "Print the arm's result line (JSON) for the parent runner, with the arm's peak RSS added."
     result = dict(result)
     result.setdefault("peak_rss_mb", peak_rss_mb())
+    result.setdefault("vm_hwm_mb", vm_hwm_mb())
     print(RESULT_TAG + json.dumps(result, default=float), flush=True)
 
 
@@ -95,13 +105,14 @@ def policy(tok, seed=0, path=None):
     return Qwen2ForCausalLM(_fallback_config(tok))
 
 
-def value_model(tok, seed=0, path=None):
+def value_model(tok, seed=0, path=None, head_std=None):
     "A tiny sequence-classification model (num_labels=1): TRL 1.12 PPO's critic and reward model."
     import torch
     from transformers import AutoModelForSequenceClassification, Qwen2ForSequenceClassification
     if path is not None:
         return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
-    if nb("models", "tiny_value_model"): return nb("models", "tiny_value_model")(tok, seed=seed)
+    if nb("models", "tiny_value_model"):
+        return nb("models", "tiny_value_model")(tok, seed=seed, **({} if head_std is None else {"head_std": head_std}))
     torch.manual_seed(seed)
     return Qwen2ForSequenceClassification(_fallback_config(tok, num_labels=1))
 

@@ -187,7 +187,8 @@ def bench_dpo(a, logf):
 
 def bench_refs(a, logf):
     res = ab("ref_strategies", [("rlhf-nb", "ref_strategies", dict(threads=a.threads), None)], 1,
-             ["copy_bytes", "peft_bytes", "none_bytes"], logf)
+             [f"{s}_{k}" for k in ("bytes", "total_bytes", "bytes_0.5b_bf16", "total_bytes_0.5b_bf16")
+              for s in ("copy", "peft", "none")], logf)
     res["what"] = "bytes of weights resident for the reference policy: frozen copy / PEFT base with adapter off / none"
     return res
 

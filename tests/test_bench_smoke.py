@@ -1,0 +1,63 @@
+"The benchmark harness (bench/run.py): interleaving, per-arm processes, ratios, reports, --gpu skip and dry run."
+import json, os, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import run as R  # noqa: E402
+import arms as A  # noqa: E402
+
+
+def test_round_times_drop_warmup_and_pair_steps():
+    stamps = [(0, 0.0), (1, 1.0), (2, 3.0), (3, 3.5), (4, 4.0), (5, 4.2), (6, 5.0)]
+    assert A._round_times(stamps, 2, 1) == [1.0, 1.0]          # rounds (2->4) and (4->6); round 0->2 is warm-up
+    assert A._round_times(stamps, 1, 0)[:2] == [1.0, 2.0]
+
+
+def test_summarize_and_ratio_of_interleaved_arms(tmp_path):
+    log = open(tmp_path / "arms.log", "w")
+    arms = [("a", "selftest", {"threads": 1, "value": 2.0, "mb": 64}, None),
+            ("b", "selftest", {"threads": 1, "value": 4.0, "mb": 0}, None)]
+    res = R.ab("t", arms, 2, ["value", "peak_rss_mb"], log)
+    assert res["order"] == ["a", "b", "a", "b"]                 # interleaved A, B, A, B
+    assert res["ratios"]["value"] == pytest.approx(0.5)
+    assert res["paired_ratios"]["value"]["median"] == pytest.approx(0.5)
+    # each arm is its own process: the 64 MB buffer shows in a's peak RSS only (VmHWM: ru_maxrss of a forked child
+    # also carries the parent's RSS at fork time, which under pytest is large)
+    res = R.ab("t", arms, 1, ["vm_hwm_mb"], log)
+    assert res["arms"]["a"]["summary"]["vm_hwm_mb"]["min"] > res["arms"]["b"]["summary"]["vm_hwm_mb"]["max"] + 60
+
+
+def test_failing_and_missing_arms_are_reported_not_fatal(tmp_path):
+    log = open(tmp_path / "arms.log", "w")
+    res = R.ab("t", [("x", "selftest", {"threads": 1, "fail": True}, None)], 1, ["value"], log)
+    assert "selftest asked to fail" in res["arms"]["x"]["errors"][0]
+    r = R.run_arm("no_such_arm", {"threads": 1})
+    assert "unknown arm" in r["error"]
+
+
+def test_reports_written(tmp_path):
+    out = tmp_path / "res.json"
+    rc = R.main(["--gpu", "--dry_run", "--out", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    g = res["benches"]["gpu"]["arms"]["hf-qwen2-0.5b-shape"]["reps"][0]
+    assert g["dry_run"] and g["gen_tok_per_s"] > 0 and g["train_tok_per_s"] > 0
+    assert res["machine"]["cores"] >= 1 and res["uptime_before"] and "torch" in res["versions"]
+    assert "gpu" in out.with_suffix(".md").read_text()
+
+
+def test_gpu_mode_skips_cleanly_without_cuda(tmp_path):
+    import torch
+    if torch.cuda.is_available(): pytest.skip("a GPU is present")
+    out = tmp_path / "res.json"
+    assert R.main(["--gpu", "--out", str(out)]) == 0
+    assert not out.exists()                                     # nothing written, nothing failed
+
+
+def test_peak_flops_table():
+    assert A.peak_tflops("NVIDIA H100 80GB HBM3")[0] == pytest.approx(989.4)
+    assert A.peak_tflops("NVIDIA H100 PCIe")[0] == pytest.approx(756.0)
+    assert A.peak_tflops("mystery")[0] is None and A.peak_tflops("mystery", 100)[0] == 100
