@@ -420,6 +420,54 @@ def _call_make_ref(make_ref, policy, strategy):
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Reward throughput: bench/bench_rewards.py (owned by the rewards engineer), called as it is
+# ----------------------------------------------------------------------------------------------------------------
+@arm("rewards")
+def rewards(p):
+    path = C.BENCH_DIR / "bench_rewards.py"
+    if not path.exists(): raise Unavailable("bench/bench_rewards.py does not exist yet (rewards engineer)")
+    import importlib, io, contextlib
+    C.set_threads(p.get("threads", 1))
+    mod = importlib.import_module("bench_rewards")
+    for fname in ("run_bench", "bench", "run", "benchmark"):
+        f = getattr(mod, fname, None)
+        if callable(f):
+            try: out = f(quick=bool(p.get("quick")))
+            except TypeError: out = f()
+            if isinstance(out, dict): return _flatten_rewards(out, f"bench_rewards.{fname}()")
+    # no function returning a dict: run its command line and take the last JSON object it prints
+    import subprocess
+    cmd = [sys.executable, str(path)] + (["--quick"] if p.get("quick") else [])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=p.get("timeout", 900))
+    if r.returncode != 0 and p.get("quick"):
+        cmd = cmd[:-1]; r = subprocess.run(cmd, capture_output=True, text=True, timeout=p.get("timeout", 900))
+    for line in r.stdout.splitlines()[::-1]:
+        line = line.strip()
+        if line.startswith("{"):
+            try: return _flatten_rewards(json.loads(line), " ".join(cmd[1:]))
+            except json.JSONDecodeError: pass
+    raise RuntimeError(f"bench_rewards.py printed no JSON result (rc={r.returncode}): {(r.stderr or r.stdout)[-500:]}")
+
+
+def _flatten_rewards(d, source):
+    "Keep numeric results; map the usual names onto the two headline metrics."
+    flat = {}
+    def walk(x, pre=""):
+        for k, v in x.items():
+            if isinstance(v, dict): walk(v, f"{pre}{k}.")
+            elif isinstance(v, (int, float)) and not isinstance(v, bool): flat[f"{pre}{k}"] = v
+    walk(d)
+    def pick(*subs):
+        for k, v in flat.items():
+            if all(s in k.lower() for s in subs): return v
+    out = dict(flat)
+    out["reward_manager_completions_per_s"] = pick("manager", "per_s") or pick("rm", "per_s") or pick("completions", "per_s")
+    out["math_verify_calls_per_s"] = pick("verify", "per_s") or pick("math", "per_s")
+    out["info"] = f"from {source}"
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # --gpu: the 0.5B-shaped model (Qwen2.5-0.5B's config shape, random init, no download) in bf16
 # ----------------------------------------------------------------------------------------------------------------
 QWEN05_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,

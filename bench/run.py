@@ -109,11 +109,12 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
             log(f"{bench}: rep {rep + 1}/{reps} {label} ({name}) ...")
             res = run_arm(name, params, python=python, timeout=params.get("timeout", 600), logf=logf)
             res["load_1m"] = (C.load_avg() or [None])[0]
-            out["arms"][label]["reps"].append(res)
-            out["order"].append(label)
             if "unavailable" in res:
                 out["arms"][label]["unavailable"] = res["unavailable"]; log(f"  {label} skipped: {res['unavailable']}")
-            elif "error" in res: log(f"  {label} FAILED: {res['error'][-400:]}")
+                continue
+            out["arms"][label]["reps"].append(res)
+            out["order"].append(label)
+            if "error" in res: log(f"  {label} FAILED: {res['error'][-400:]}")
             else: log("  " + ", ".join(f"{m}={res[m]:.4g}" for m in metrics if isinstance(res.get(m), (int, float))))
     for label, a in out["arms"].items():
         for m in metrics: a["summary"][m] = summarize([r.get(m) for r in a["reps"]])
@@ -138,7 +139,7 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
 # ----------------------------------------------------------------------------------------------------------------
 def grpo_params(a):
     return dict(threads=a.threads, prompts=16, generations=8, max_new_tokens=16, updates_per_generation=2, lr=a.lr,
-                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=3 if a.quick else 6, seed=0, init_path=a.init_path)
+                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 6, seed=0, init_path=a.init_path)
 
 
 def bench_grpo(a, logf):
@@ -163,7 +164,7 @@ def bench_grpo_accuracy(a, logf):
 
 def bench_ppo(a, logf):
     p = dict(threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
-             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=3 if a.quick else 5, seed=0, init_path=a.init_path)
+             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 5, seed=0, init_path=a.init_path)
     ok = ensure_trl112_venv()
     arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112 if ok else None)]
     if not ok: arms = arms[:1]
@@ -176,8 +177,8 @@ def bench_ppo(a, logf):
 
 
 def bench_dpo(a, logf):
-    p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=2,
-             steps=6 if a.quick else 12, seed=0, init_path=a.init_path, precompute_ref=True)
+    p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=1 if a.quick else 2,
+             steps=4 if a.quick else 12, seed=0, init_path=a.init_path, precompute_ref=True)
     res = ab("dpo", [("rlhf-nb", "nb_dpo", p, None), ("trl-1.16", "trl_dpo", p, None)], a.reps,
              ["step_s", "peak_rss_mb", "setup_s"], logf)
     res["what"] = ("one DPO optimizer step on 32 preference pairs of the arithmetic task (chosen = right answer, "
@@ -300,6 +301,36 @@ def write_png(results):
     tmp = str(RESULTS_PNG) + ".tmp.png"; fig.savefig(tmp, dpi=110); os.replace(tmp, RESULTS_PNG)
 
 
+def ratios_table(results):
+    "Markdown table of every ratio in `results` with the date, mode and load, for bench/README.md."
+    L = [f"From `{results['command']}` on {results['date']} ({results['mode']} mode; {results['machine']['cpu_model']}, "
+         f"{results['machine']['cores']} cores; load {results.get('load_before_1m')} before, {results.get('load_after_1m')} "
+         f"after; torch {results['versions'].get('torch')}, transformers {results['versions'].get('transformers')}, "
+         f"trl {results['versions'].get('trl')} / {(results.get('versions_trl112') or {}).get('trl')}).", "",
+         "| comparison | metric | rlhf-nb | TRL | ratio | target |", "|---|---|---|---|---|---|"]
+    for name, b in results["benches"].items():
+        labels = list(b.get("arms", {}))
+        for met, r in (b.get("ratios") or {}).items():
+            va = (b["arms"][labels[0]]["summary"].get(met) or {}).get("median")
+            vb = (b["arms"][labels[1]]["summary"].get(met) or {}).get("median")
+            t = (b.get("target") or {}).get(met)
+            L.append(f"| {name} | {met} | {fmt(va)} | {fmt(vb)} ({labels[1]}) | **{r:.2f}** | "
+                     f"{'' if t is None else ('≤ ' + str(t) + (' met' if r <= t else ' NOT met'))} |")
+        for label, a in b.get("arms", {}).items():
+            if a.get("unavailable"): L.append(f"| {name} | — | {label}: not measured ({a['unavailable']}) | | | |")
+    return "\n".join(L)
+
+
+def update_readme(results, path=BENCH / "README.md"):
+    "Replace the block between the ratios markers of bench/README.md with the latest ratios table."
+    if not path.exists(): return
+    text = path.read_text()
+    a, b = "<!-- ratios:start -->", "<!-- ratios:end -->"
+    if a not in text or b not in text: return
+    new = text[: text.index(a) + len(a)] + "\n" + ratios_table(results) + "\n" + text[text.index(b):]
+    tmp = path.with_suffix(".md.tmp"); tmp.write_text(new); os.replace(tmp, path)
+
+
 def write_json(results):
     tmp = RESULTS_JSON.with_suffix(".json.tmp"); tmp.write_text(json.dumps(results, indent=1, default=float)); os.replace(tmp, RESULTS_JSON)
 
@@ -394,6 +425,7 @@ def main(argv=None):
         load_after_1m=after and round(after[0], 2), wall_seconds=round(time.time() - t_start, 1),
         benches={**prev, **benches})
     write_json(results); write_md(results); write_png(results)
+    if not a.out and results["mode"] in ("full", "quick") and not a.gpu: update_readme(results)
     log(f"wrote {RESULTS_JSON}, {RESULTS_MD.name}, {RESULTS_PNG.name} in {results['wall_seconds']} s")
     print()
     for n, b in benches.items():
