@@ -34,15 +34,27 @@ def arm(name):
     return deco
 
 
-def _round_times(stamps, steps_per_round, warmup_rounds):
-    "Per-round seconds from the (step, time) stamps taken at each optimizer step's end, warm-up rounds dropped."
-    ends = {s: t for s, t in stamps}
+def now():
+    """(wall seconds, CPU seconds of this process): CPU time counts only this process's own work, so it is far less
+    disturbed than wall time when other users load the shared cores."""
+    return time.perf_counter(), time.process_time()
+
+
+def _round_times(stamps, steps_per_round, warmup_rounds, cpu=False):
+    "Per-round seconds from the (step, wall, cpu) stamps taken at each optimizer step's end, warm-up rounds dropped."
+    ends = {st[0]: st[2 if cpu else 1] for st in stamps}
     out = []
     n_rounds = max(ends) // steps_per_round if ends else 0
     for r in range(warmup_rounds, n_rounds):
         a, b = r * steps_per_round, (r + 1) * steps_per_round
         if a in ends and b in ends: out.append(ends[b] - ends[a])
     return out
+
+
+def _timing(stamps, steps_per_round, warmup, key):
+    "`key`_s (median wall), `key`_cpu_s (median CPU) and the per-round lists."
+    w, c = _round_times(stamps, steps_per_round, warmup), _round_times(stamps, steps_per_round, warmup, cpu=True)
+    return {f"{key}_s": statistics.median(w), f"{key}_cpu_s": statistics.median(c), f"{key}_times": w, f"{key}_cpu_times": c}
 
 
 def _trl_timer():
@@ -52,10 +64,10 @@ def _trl_timer():
         def __init__(self, max_seconds=None):
             self.stamps, self.t0, self.max_seconds = [], None, max_seconds
         def on_train_begin(self, args, state, control, **kw):
-            self.t0 = time.perf_counter(); self.stamps.append((0, self.t0))
+            self.t0 = time.perf_counter(); self.stamps.append((0, *now()))
         def on_step_end(self, args, state, control, **kw):
-            now = time.perf_counter(); self.stamps.append((state.global_step, now))
-            if self.max_seconds is not None and now - self.t0 >= self.max_seconds: control.should_training_stop = True
+            w, c = now(); self.stamps.append((state.global_step, w, c))
+            if self.max_seconds is not None and w - self.t0 >= self.max_seconds: control.should_training_stop = True
             return control
     return Timer
 
@@ -99,10 +111,9 @@ def trl_grpo(p):
     rounds = p["warmup_rounds"] + p["rounds"]
     trainer, counter = _trl_grpo_trainer(p, tok, model, rounds * k, timer)
     t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
-    times = _round_times(timer.stamps, k, p["warmup_rounds"])
+    t = _timing(timer.stamps, k, p["warmup_rounds"], "round")
     tokens_per_round = counter["tokens"] / max(counter["calls"], 1)
-    return dict(round_s=statistics.median(times), round_times=times, tokens_per_round=tokens_per_round,
-                completion_tok_per_s=tokens_per_round / statistics.median(times), total_s=total)
+    return dict(**t, tokens_per_round=tokens_per_round, completion_tok_per_s=tokens_per_round / t["round_s"], total_s=total)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -142,8 +153,7 @@ def trl112_ppo(p):
     trainer = PPOTrainer(args=cfg, processing_class=tok, model=model, ref_model=None, reward_model=reward,
                          train_dataset=train, eval_dataset=evald, value_model=value, callbacks=[timer])
     t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
-    times = _round_times(timer.stamps, 1, p["warmup_rounds"])
-    return dict(update_s=statistics.median(times), update_times=times, total_s=total, trl_version=trl.__version__)
+    return dict(**_timing(timer.stamps, 1, p["warmup_rounds"], "update"), total_s=total, trl_version=trl.__version__)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -168,20 +178,19 @@ def trl_dpo(p):
     trainer = DPOTrainer(model=model, ref_model=None, args=cfg, processing_class=tok,
                          train_dataset=C.to_trl(rows, "dpo"), callbacks=[timer])
     trainer.train(); total = time.perf_counter() - t0
-    times = _round_times(timer.stamps, 1, p["warmup_steps"])
-    # setup = everything before the first step ends minus that step (dataset tokenisation, ref log-prob precompute)
+    # setup = trainer construction + train() up to its first step (dataset tokenisation, reference log-prob precompute)
     setup = timer.stamps[0][1] - t0
-    return dict(step_s=statistics.median(times), step_times=times, setup_s=setup, total_s=total)
+    return dict(**_timing(timer.stamps, 1, p["warmup_steps"], "step"), setup_s=setup, total_s=total)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # rlhf-nb arms: RLTrainer (PPO / GRPO) and the DPO loop
 # ----------------------------------------------------------------------------------------------------------------
 def _stamp_calls(obj, attr, stamps):
-    "Wrap obj.attr so each call appends perf_counter() at its end (a per-step clock like TRL's on_step_end)."
+    "Wrap obj.attr so each call appends (n, wall, cpu) at its end (a per-step clock like TRL's on_step_end)."
     inner = getattr(obj, attr)
     def wrapped(*a, **k):
-        out = inner(*a, **k); stamps.append(time.perf_counter()); return out
+        out = inner(*a, **k); stamps.append((len(stamps), *now())); return out
     setattr(obj, attr, wrapped)
 
 
@@ -231,15 +240,13 @@ def nb_grpo(p):
     rounds = p["warmup_rounds"] + p["rounds"]
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_{os.getpid()}", rounds)
     trainer = _nb_rl_trainer(cfg, tok, model)
-    stamps = []
+    stamps = [(0, *now())]
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
-    ends = [t0] + stamps
-    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_rounds"]:]
+    t = _timing(stamps, 1, p["warmup_rounds"], "round")
     lens = [h["response/length"] for h in hist if "response/length" in h][p["warmup_rounds"]:]
     tokens = statistics.mean(lens) * p["prompts"] * p["generations"] if lens else None
-    return dict(round_s=statistics.median(times), round_times=times, tokens_per_round=tokens,
-                completion_tok_per_s=tokens / statistics.median(times) if tokens else None, total_s=total,
+    return dict(**t, tokens_per_round=tokens, completion_tok_per_s=tokens / t["round_s"] if tokens else None, total_s=total,
                 phases=_phase_medians(hist, p["warmup_rounds"]), config_source=src,
                 info=f"config: {src}, kl_coef={getattr(cfg, 'kl_coef', None)}, ref={getattr(cfg, 'ref_strategy', None)}")
 
@@ -261,12 +268,10 @@ def nb_ppo(p):
               arith_train_size=max(2000, p["episodes"] * updates))
     cfg = PPOConfig(**{k: v for k, v in kw.items() if k in names})
     trainer = _nb_rl_trainer(cfg, tok, model)
-    stamps = []
+    stamps = [(0, *now())]
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
-    ends = [t0] + stamps
-    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_rounds"]:]
-    return dict(update_s=statistics.median(times), update_times=times, total_s=total,
+    return dict(**_timing(stamps, 1, p["warmup_rounds"], "update"), total_s=total,
                 phases=_phase_medians(hist, p["warmup_rounds"]))
 
 
@@ -289,13 +294,12 @@ def nb_dpo(p):
     os.environ["TQDM_DISABLE"] = "1"
     t0 = time.perf_counter()
     loop = DPOLoop(cfg, model, tok, rows)
-    stamps = []
+    loop.prepare_reference()
+    stamps = [(0, *now())]
+    t_ref = stamps[0][1]
     _stamp_calls(loop.scheduler, "step", stamps)
-    loop.prepare_reference(); t_ref = time.perf_counter()
     loop.fit(); total = time.perf_counter() - t0
-    ends = [t_ref] + stamps
-    times = [b - a for a, b in zip(ends[:-1], ends[1:])][p["warmup_steps"]:]
-    return dict(step_s=statistics.median(times), step_times=times, setup_s=t_ref - t0, total_s=total)
+    return dict(**_timing(stamps, 1, p["warmup_steps"], "step"), setup_s=t_ref - t0, total_s=total)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -11,9 +11,12 @@ import arms as A  # noqa: E402
 
 
 def test_round_times_drop_warmup_and_pair_steps():
-    stamps = [(0, 0.0), (1, 1.0), (2, 3.0), (3, 3.5), (4, 4.0), (5, 4.2), (6, 5.0)]
+    stamps = [(0, 0.0, 0.0), (1, 1.0, 0.5), (2, 3.0, 1.0), (3, 3.5, 1.5), (4, 4.0, 2.0), (5, 4.2, 2.5), (6, 5.0, 3.0)]
     assert A._round_times(stamps, 2, 1) == [1.0, 1.0]          # rounds (2->4) and (4->6); round 0->2 is warm-up
     assert A._round_times(stamps, 1, 0)[:2] == [1.0, 2.0]
+    assert A._round_times(stamps, 2, 1, cpu=True) == [1.0, 1.0]
+    t = A._timing(stamps, 2, 1, "round")
+    assert t["round_s"] == 1.0 and t["round_cpu_s"] == 1.0
 
 
 def test_summarize_and_ratio_of_interleaved_arms(tmp_path):
