@@ -227,9 +227,10 @@ def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
     return Cfg(**kw), src
 
 
-def _nb_rl_trainer(cfg, tok, model):
-    RLTrainer = need("ppo", "RLTrainer")
-    return RLTrainer(cfg, policy=model, tokenizer=tok).init_workers()
+def _nb_rl_trainer(cfg, tok, model, group=False):
+    "rlhf-nb's trainer: RLTrainer, or for GRPO the GroupRLTrainer of rlhf_nb.dpo_grpo (RLTrainer + zero-signal group filter)."
+    cls = (C.nb("dpo_grpo", "GroupRLTrainer") if group else None) or need("ppo", "RLTrainer")
+    return cls(cfg, policy=model, tokenizer=tok).init_workers()
 
 
 @arm("nb_grpo")
@@ -239,7 +240,7 @@ def nb_grpo(p):
     model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
     rounds = p["warmup_rounds"] + p["rounds"]
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_{os.getpid()}", rounds)
-    trainer = _nb_rl_trainer(cfg, tok, model)
+    trainer = _nb_rl_trainer(cfg, tok, model, group=True)
     stamps = [(0, *now())]
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
@@ -248,7 +249,8 @@ def nb_grpo(p):
     tokens = statistics.mean(lens) * p["prompts"] * p["generations"] if lens else None
     return dict(**t, tokens_per_round=tokens, completion_tok_per_s=tokens / t["round_s"] if tokens else None, total_s=total,
                 phases=_phase_medians(hist, p["warmup_rounds"]), config_source=src,
-                info=f"config: {src}, kl_coef={getattr(cfg, 'kl_coef', None)}, ref={getattr(cfg, 'ref_strategy', None)}")
+                info=f"config: {src}, trainer {type(trainer).__name__}, kl_coef={getattr(cfg, 'kl_coef', None)}, "
+                     f"ref={getattr(cfg, 'ref_strategy', None)}, filter_groups={getattr(cfg, 'filter_groups', None)}")
 
 
 @arm("nb_ppo")
@@ -263,7 +265,7 @@ def nb_ppo(p):
     kw = dict(output_dir=str(C.WORK / f"nb_ppo_{os.getpid()}"), per_device_train_batch_size=p["episodes"], num_generations=1,
               mini_batch_size=p["mini_batch_size"], num_ppo_epochs=p["ppo_epochs"], max_completion_length=p["max_new_tokens"],
               learning_rate=p["lr"], temperature=p.get("temperature", 1.0), kl_coef=p.get("kl_coef", 0.05),
-              adv_estimator="gae", ref_strategy="copy", max_steps=updates, eval_steps=0, save_steps=0, save_final=False,
+              adv_estimator="gae", ref_strategy="copy", critic=p.get("critic", "separate"), max_steps=updates, eval_steps=0, save_steps=0, save_final=False,
               logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), report_to="none", lr_scheduler_type="constant",
               arith_train_size=max(2000, p["episodes"] * updates))
     cfg = PPOConfig(**{k: v for k, v in kw.items() if k in names})
@@ -272,7 +274,9 @@ def nb_ppo(p):
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
     return dict(**_timing(stamps, 1, p["warmup_rounds"], "update"), total_s=total,
-                phases=_phase_medians(hist, p["warmup_rounds"]))
+                phases=_phase_medians(hist, p["warmup_rounds"]),
+                info=f"critic={getattr(cfg, 'critic', None)} ({getattr(trainer, 'critic_mode', None)}), ref={cfg.ref_strategy}, "
+                     f"kl_coef={cfg.kl_coef}, mini_batch_size={cfg.mini_batch_size}")
 
 
 @arm("nb_dpo")
@@ -321,7 +325,7 @@ def nb_grpo_acc(p):
     test = C.arith_rows(p["n_eval"], "test", seed=0)
     acc0 = _accuracy(model, tok, test)
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_acc_{os.getpid()}", 10**6, max_seconds=p["wall_seconds"], timing=False)
-    trainer = _nb_rl_trainer(cfg, tok, model)
+    trainer = _nb_rl_trainer(cfg, tok, model, group=True)
     t0 = time.perf_counter(); hist = trainer.fit(); wall = time.perf_counter() - t0
     acc1 = _accuracy(trainer.unwrapped_policy if hasattr(trainer, "unwrapped_policy") else model, tok, test)
     return dict(accuracy_start=acc0, accuracy_end=acc1, accuracy_gain=acc1 - acc0, rounds_done=trainer.global_step,
@@ -436,8 +440,12 @@ def rewards(p):
     for fname in ("run_bench", "bench", "run", "benchmark"):
         f = getattr(mod, fname, None)
         if callable(f):
-            try: out = f(quick=bool(p.get("quick")))
-            except TypeError: out = f()
+            # always 10,000 completions for the RewardManager figure; --quick only shortens math-verify. The JSON goes to
+            # bench/_work so the rewards engineer's own bench/results_rewards.json is left alone.
+            try: out = f(quick=bool(p.get("quick")), n=10_000, out=str(C.WORK / "results_rewards.json"))
+            except TypeError:
+                try: out = f(quick=bool(p.get("quick")))
+                except TypeError: out = f()
             if isinstance(out, dict): return _flatten_rewards(out, f"bench_rewards.{fname}()")
     # no function returning a dict: run its command line and take the last JSON object it prints
     import subprocess

@@ -139,7 +139,7 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
 # ----------------------------------------------------------------------------------------------------------------
 def grpo_params(a):
     return dict(threads=a.threads, prompts=16, generations=8, max_new_tokens=16, updates_per_generation=2, lr=a.lr,
-                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 6, seed=0, init_path=a.init_path)
+                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 4, seed=0, init_path=a.init_path)
 
 
 def bench_grpo(a, logf):
@@ -154,21 +154,34 @@ def bench_grpo(a, logf):
 
 def bench_grpo_accuracy(a, logf):
     "Held-out greedy accuracy after equal wall time from the same SFT start (full run only)."
-    p = dict(grpo_params(a), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_path)
+    d = grpo_defaults()
+    p = dict(grpo_params(a), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_path,
+             lr=a.acc_lr or d.get("learning_rate") or a.lr, beta=d.get("kl_coef", 0.0))
     res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
              ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
     res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
-                   f"{a.n_eval} held-out prompts; same lr / batch / generations")
+                   f"{a.n_eval} held-out prompts; both at lr {p['lr']:g}, beta {p['beta']:g} (rlhf-nb GRPOConfig's defaults), "
+                   f"16 prompts x 8 completions, 2 updates per generation; rlhf-nb otherwise with its GRPO defaults "
+                   f"(zero-signal groups dropped), TRL with its own")
     return res
 
 
-def bench_ppo(a, logf):
-    p = dict(threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
-             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 5, seed=0, init_path=a.init_path)
+def grpo_defaults():
+    "learning_rate and kl_coef of rlhf_nb.dpo_grpo.GRPOConfig (read in a subprocess: the runner imports no torch)."
+    code = ("import json; from rlhf_nb.dpo_grpo import GRPOConfig as G; c = G(); "
+            "print(json.dumps({'learning_rate': c.learning_rate, 'kl_coef': c.kl_coef}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=arm_env(1), timeout=300)
+    try: return json.loads(r.stdout.strip().splitlines()[-1])
+    except Exception: return {}
+
+
+def bench_ppo(a, logf, critic="separate"):
+    p = dict(critic=critic, threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
+             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 3, seed=0, init_path=a.init_path)
     ok = ensure_trl112_venv()
     arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112 if ok else None)]
     if not ok: arms = arms[:1]
-    res = ab("ppo", arms, a.reps, ["update_s", "update_cpu_s", "peak_rss_mb"], logf)
+    res = ab("ppo" if critic == "separate" else "ppo_shared", arms, a.reps, ["update_s", "update_cpu_s", "peak_rss_mb"], logf)
     res["what"] = ("one PPO update = generate 128 episodes (response length 16) + reward + ref/old log-probs + values + "
                    "GAE + 2 PPO epochs x 2 minibatches of 64; separate critic; TRL 1.12 also runs a tiny reward model")
     res["target"] = {"update_s": 0.5, "update_cpu_s": 0.5, "peak_rss_mb": 1.0}
@@ -178,7 +191,7 @@ def bench_ppo(a, logf):
 
 def bench_dpo(a, logf):
     p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=1 if a.quick else 2,
-             steps=4 if a.quick else 12, seed=0, init_path=a.init_path, precompute_ref=True)
+             steps=4 if a.quick else 8, seed=0, init_path=a.init_path, precompute_ref=True)
     res = ab("dpo", [("rlhf-nb", "nb_dpo", p, None), ("trl-1.16", "trl_dpo", p, None)], a.reps,
              ["step_s", "step_cpu_s", "peak_rss_mb", "setup_s"], logf)
     res["what"] = ("one DPO optimizer step on 32 preference pairs of the arithmetic task (chosen = right answer, "
@@ -211,7 +224,17 @@ def bench_gpu(a, logf):
     return res
 
 
-BENCHES = {"grpo": bench_grpo, "ppo": bench_ppo, "dpo": bench_dpo, "ref_strategies": bench_refs,
+def bench_ppo_shared(a, logf):
+    "rlhf-nb PPO with the critic as a value head on the policy trunk vs TRL 1.12's separate value model (different work)."
+    res = bench_ppo(a, logf, critic="shared")
+    res["what"] = ("as `ppo`, but rlhf-nb runs critic='shared' (one trunk, a scalar value head: no second backbone to "
+                   "run or train) while TRL 1.12 keeps its separate value model: NOT the same work; it shows what the "
+                   "shared critic buys")
+    res.pop("target", None)
+    return res
+
+
+BENCHES = {"grpo": bench_grpo, "ppo": bench_ppo, "ppo_shared": bench_ppo_shared, "dpo": bench_dpo, "ref_strategies": bench_refs,
            "rewards": bench_rewards, "grpo_accuracy": bench_grpo_accuracy, "gpu": bench_gpu}
 
 
@@ -349,9 +372,11 @@ def parse_args(argv=None):
     ap.add_argument("--gpu", action="store_true", help="only the GPU bench (0.5B-shaped model, bf16); skips without CUDA")
     ap.add_argument("--dry_run", action="store_true", help="with --gpu: a small shape on CPU to test the logic")
     ap.add_argument("--only", action="append", default=None, choices=sorted(BENCHES), help="run only these benches")
-    ap.add_argument("--reps", type=int, default=None, help="A/B repetitions (default 2 quick, 5 full)")
+    ap.add_argument("--reps", type=int, default=None, help="A/B repetitions (default 2 quick, 4 full)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per arm (<= 2 on the shared CPU)")
     ap.add_argument("--lr", type=float, default=1e-5, help="learning rate used by both sides")
+    ap.add_argument("--prepare_sft", action="store_true", help="only build (or check) the cached SFT start, then exit")
+    ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: GRPOConfig's)")
     ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
     ap.add_argument("--n_eval", type=int, default=300, help="GRPO accuracy arm: held-out prompts")
     ap.add_argument("--sft", dest="use_sft", action="store_true", default=None, help="start timing arms from the SFT checkpoint (default in the full mode)")
@@ -359,7 +384,7 @@ def parse_args(argv=None):
     ap.add_argument("--peak_tflops", type=float, default=None, help="--gpu: override the assumed peak bf16 TFLOP/s")
     ap.add_argument("--out", default=None, help="write results here instead of bench/ (json; md/png beside it)")
     a = ap.parse_args(argv)
-    if a.reps is None: a.reps = 2 if a.quick else 5
+    if a.reps is None: a.reps = 2 if a.quick else 4
     if a.use_sft is None: a.use_sft = not a.quick and not a.gpu      # full mode: timing arms start from the SFT policy
     if a.dry_run and not a.gpu: ap.error("--dry_run only applies with --gpu")
     return a
@@ -403,9 +428,16 @@ def main(argv=None):
     if a.gpu and not a.dry_run and not _has_cuda():
         log("no CUDA device here: --gpu skipped, results untouched (use --gpu --dry_run to test the logic on CPU)")
         return 0
+    if a.prepare_sft:
+        a.sft_info = None
+        path = sft_start(a)
+        log(f"SFT start: {path}"); return 0 if path else 1
     if a.gpu: names = ["gpu"]
     elif a.only: names = a.only
-    else: names = ["grpo", "ppo", "dpo", "ref_strategies", "rewards"] + ([] if a.quick else ["grpo_accuracy"])
+    else:
+        names = ["grpo", "ppo", "dpo", "ref_strategies", "rewards"] + ([] if a.quick else ["ppo_shared", "grpo_accuracy"])
+        if not a.quick: log("the full run takes over 10 minutes here; on the shared machine run it in parts with --only "
+                            "(see bench/README.md)")
     if a.quick and "grpo_accuracy" in names: sys.exit("grpo_accuracy runs in the full mode only (drop --quick)")
     a.init_path, a.sft_path, a.sft_info = None, None, None
     if "grpo_accuracy" in names or a.use_sft:
@@ -424,7 +456,9 @@ def main(argv=None):
             else:
                 res = BENCHES[n](a, logf)
             res.update(date=datetime.datetime.now().isoformat(timespec="seconds"), seconds=round(time.time() - t0, 1),
-                       load_before=lb and round(lb[0], 2), load_after=round((C.load_avg() or [0])[0], 2))
+                       load_before=lb and round(lb[0], 2), load_after=round((C.load_avg() or [0])[0], 2),
+                       mode=("gpu-dry_run" if a.dry_run else "gpu") if a.gpu else ("quick" if a.quick else "full"),
+                       reps=a.reps, init=a.init_path or "random init")
             benches[n] = res
             log(f"{n}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))
     after, up_after = C.load_avg(), C.uptime_line()
