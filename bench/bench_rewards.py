@@ -6,7 +6,8 @@ What is timed:
 - `RewardManager.__call__` on one batch of N tokenized completions (decode + strict GSM8K grading + placing each score on
   the last valid token + metrics). Completions are real GSM8K reference solutions (../shared/data) with their own truth for
   half and a wrong truth for the other half; a synthetic stand-in is used when the data folder is absent. Tokenizing the
-  batch is set-up, not timed. Best and median of `repeats` runs.
+  batch is set-up, not timed. Best and median wall time of `repeats` runs, and the best process CPU time (on a shared,
+  oversubscribed machine the CPU time is what the wall time would be on an idle core; quote `load_before` with both).
 - math-verify: `guarded_verify(answer, boxed_solution)` over MATH500 (every call goes through sympy, no string shortcut),
   on the main thread (in-process timer) and with `isolation="process"` (worker subprocess, as off the main thread);
   plus `math_score` end to end (where the exact-match shortcut applies).
@@ -58,7 +59,7 @@ def bench_reward_manager(n=10_000, repeats=3):
     from rlhf_nb.rewards import RewardManager
     tok = char_tokenizer()
     pairs, src = gsm8k_completions(n)
-    enc = tok([c for c, _ in pairs], add_special_tokens=False)["input_ids"]
+    enc = tok([c for c, _ in pairs], add_special_tokens=False, verbose=False)["input_ids"]
     R = max(len(e) for e in enc) + 1
     responses = torch.full((n, R), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros((n, R), dtype=torch.long)
@@ -68,14 +69,17 @@ def bench_reward_manager(n=10_000, repeats=3):
     batch = dict(responses=responses, response_mask=mask, data_source=["openai/gsm8k"] * n,
                  reward_model=[{"style": "rule", "ground_truth": t} for _, t in pairs], extra_info=[{"index": i} for i in range(n)])
     rm = RewardManager(tok)
-    times, mean = [], None
+    times, cpu, mean = [], [], None
     for _ in range(repeats):
-        t0 = time.perf_counter(); scores, metrics = rm(batch); times.append(time.perf_counter() - t0)
+        t0, c0 = time.perf_counter(), time.process_time()
+        scores, metrics = rm(batch)
+        times.append(time.perf_counter() - t0); cpu.append(time.process_time() - c0)
         mean = metrics["reward/mean"]
     # where the time goes (one run): decoding vs grading
     t0 = time.perf_counter(); texts = rm.decode_responses(responses, mask); t_decode = time.perf_counter() - t0
     return {"n_completions": n, "response_len_tokens": R, "mean_tokens": float(mask.sum(1).float().mean()),
             "completions_from": src, "best_s": min(times), "median_s": statistics.median(times),
+            "cpu_s_best": min(cpu),   # CPU time of this process: what the wall time would be on an idle core
             "completions_per_s": n / min(times), "decode_s": t_decode, "reward_mean": mean, "repeats": repeats}
 
 
@@ -99,7 +103,8 @@ def bench_math_verify(n=500, quick=False):
     t0 = time.perf_counter(); ok = sum(guarded_verify(g, p, isolation="process")[0] for g, p in pairs); dt = time.perf_counter() - t0
     out["worker_process"] = {"calls_per_s": len(pairs) / dt, "seconds": dt, "equal": ok}
     t0 = time.perf_counter(); ok = sum(math_score(s, a) for s, a in sols); dt = time.perf_counter() - t0
-    out["math_score_end_to_end"] = {"calls_per_s": len(sols) / dt, "seconds": dt, "score_sum": ok}
+    out["math_score_end_to_end"] = {"calls_per_s": len(sols) / dt, "seconds": dt, "score_sum": ok,
+                                     "note": "references match their answer string, so the exact-match shortcut decides all"}
     t0 = time.perf_counter(); r = guarded_verify("1", r"9^{9^{9^{9}}}", timeout_seconds=1.0); dt = time.perf_counter() - t0
     out["pathological_1s_limit"] = {"seconds": dt, "status": r[1]}
     VERIFY_POOL.shutdown()
@@ -117,7 +122,8 @@ def run_bench(quick=False, n=None, out=None):
     res["math_verify"] = bench_math_verify(quick=quick)
     res["machine"]["load_after"] = _load()
     res["target"] = {"reward_manager_10k_s": 2.0,
-                     "met": res["reward_manager"]["best_s"] * (10_000 / n) < 2.0}
+                     "met_wall": res["reward_manager"]["best_s"] * (10_000 / n) < 2.0,
+                     "met_cpu": res["reward_manager"]["cpu_s_best"] * (10_000 / n) < 2.0}
     out = Path(out or BENCH_DIR / "results_rewards.json")
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".results_rewards.", suffix=".json")
     with os.fdopen(fd, "w") as f: json.dump(res, f, indent=1)
