@@ -191,7 +191,7 @@ def bench_ppo(a, logf, critic="separate"):
 
 def bench_dpo(a, logf):
     p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=1 if a.quick else 2,
-             steps=4 if a.quick else 8, seed=0, init_path=a.init_path, precompute_ref=True)
+             steps=3 if a.quick else 8, seed=0, init_path=a.init_path, precompute_ref=True)
     res = ab("dpo", [("rlhf-nb", "nb_dpo", p, None), ("trl-1.16", "trl_dpo", p, None)], a.reps,
              ["step_s", "step_cpu_s", "peak_rss_mb", "setup_s"], logf)
     res["what"] = ("one DPO optimizer step on 32 preference pairs of the arithmetic task (chosen = right answer, "
@@ -252,7 +252,8 @@ def fmt(x, nd=3):
 def write_md(results):
     m, L = results, []
     L.append("# rlhf-nb benchmark results\n")
-    L.append(f"- date: {m['date']}  (mode: {m['mode']})")
+    L.append(f"- last command: `{m['command']}` on {m['date']} (mode: {m['mode']}); each bench below says when and "
+             f"how it was measured (a run updates only its own benches)")
     mc = m["machine"]
     L.append(f"- machine: {mc['cpu_model']}, {mc['cores']} cores, {mc.get('mem_total_gb')} GB RAM, {mc['platform']}")
     v = m["versions"]
@@ -260,9 +261,8 @@ def write_md(results):
              f"trl {v.get('trl')} (PPO baseline: trl {m.get('versions_trl112', {}).get('trl')} in bench/.venv-trl112), "
              f"peft {v.get('peft')}")
     L.append(f"- torch threads per arm: {m['settings']['threads']}, OMP_WAIT_POLICY={m['settings']['omp_wait_policy']}")
-    L.append(f"- load (uptime) before: `{m['uptime_before']}`")
-    L.append(f"- load (uptime) after:  `{m['uptime_after']}`")
-    L.append(f"- command: `{m['command']}`\n")
+    L.append(f"- load (uptime) before the last command: `{m['uptime_before']}`")
+    L.append(f"- load (uptime) after the last command:  `{m['uptime_after']}`\n")
     L.append("Ratios are rlhf-nb / TRL from the same run (medians of interleaved repetitions, each arm in a fresh "
              "process); below 1 means rlhf-nb is faster / leaner. Paired = median of per-repetition ratios.\n")
     rows = []
@@ -283,7 +283,8 @@ def write_md(results):
         L.append(f"## {name}\n")
         if b.get("what"): L.append(b["what"] + "\n")
         if b.get("note"): L.append(f"Note: {b['note']}\n")
-        if b.get("date"): L.append(f"(measured {b['date']}, load before/after: {b.get('load_before')} / {b.get('load_after')})\n")
+        if b.get("date"): L.append(f"(measured {b['date']}, {b.get('mode', '?')} mode, {b.get('reps', '?')} repetitions, start: "
+                                   f"{b.get('init', '?')}; 1-min load before/after: {b.get('load_before')} / {b.get('load_after')})\n")
         if b.get("skipped"): L.append(f"Skipped: {b['skipped']}\n"); continue
         mets = sorted({k for a in b["arms"].values() for k in a["summary"]})
         L.append("| arm | metric | median | min | max | n |")
@@ -309,35 +310,44 @@ def write_md(results):
 
 
 def write_png(results):
+    "Bar chart of every time/memory ratio (rlhf-nb / TRL); dashed: the issue's target; green met, red not, grey none."
     try:
         import matplotlib; matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except Exception as e:
         log(f"no plot ({e})"); return
-    items = [(f"{n}\n{met}", r, (b.get("target") or {}).get(met)) for n, b in results["benches"].items()
-             for met, r in (b.get("ratios") or {}).items()]
+    items = [(f"{n}\n{met}", r, (b.get("target") or {}).get(met), b.get("load_before"))
+             for n, b in results["benches"].items() for met, r in (b.get("ratios") or {}).items()
+             if not met.endswith("per_s") and met != "setup_s"]
     if not items: return
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(items)), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5, 1.0 * len(items)), 3.8))
     xs = range(len(items))
-    bars = ax.bar(xs, [r for _, r, _ in items], color=["tab:green" if r <= (t or 1.0) else "tab:red" for _, r, t in items])
-    for i, (_, r, t) in enumerate(items):
+    col = ["tab:gray" if t is None else ("tab:green" if r <= t else "tab:red") for _, r, t, _ in items]
+    ax.bar(xs, [r for _, r, _, _ in items], color=col)
+    for i, (_, r, t, _) in enumerate(items):
         ax.text(i, r, f"{r:.2f}", ha="center", va="bottom", fontsize=8)
         if t: ax.plot([i - 0.4, i + 0.4], [t, t], "k--", lw=1)
     ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xticks(list(xs)); ax.set_xticklabels([n for n, _, _ in items], fontsize=7)
+    ax.set_xticks(list(xs)); ax.set_xticklabels([n for n, _, _, _ in items], fontsize=7)
     ax.set_ylabel("rlhf-nb / TRL (lower is better)")
-    ax.set_title(f"rlhf-nb vs TRL, same run ({results['date'][:10]}, load {results.get('load_before_1m')})", fontsize=9)
+    dates = sorted(b["date"][:10] for b in results["benches"].values() if b.get("date"))
+    loads = [l for _, _, _, l in items if l is not None]
+    ax.set_title(f"rlhf-nb vs TRL on the same work, ratios of interleaved medians ({dates[0] if dates else '?'}"
+                 f"{' to ' + dates[-1] if dates and dates[-1] != dates[0] else ''}; 1-min load "
+                 f"{min(loads):.0f}-{max(loads):.0f} on {results['machine']['cores']} cores)" if loads else "rlhf-nb vs TRL", fontsize=8)
     fig.tight_layout()
     tmp = str(RESULTS_PNG) + ".tmp.png"; fig.savefig(tmp, dpi=110); os.replace(tmp, RESULTS_PNG)
+    plt.close(fig)
 
 
 def ratios_table(results):
     "Markdown table of every ratio in `results` with the date, mode and load, for bench/README.md."
-    L = [f"From `{results['command']}` on {results['date']} ({results['mode']} mode; {results['machine']['cpu_model']}, "
-         f"{results['machine']['cores']} cores; load {results.get('load_before_1m')} before, {results.get('load_after_1m')} "
-         f"after; torch {results['versions'].get('torch')}, transformers {results['versions'].get('transformers')}, "
-         f"trl {results['versions'].get('trl')} / {(results.get('versions_trl112') or {}).get('trl')}).", "",
-         "| comparison | metric | rlhf-nb | TRL | ratio | target |", "|---|---|---|---|---|---|"]
+    L = [f"{results['machine']['cpu_model']}, {results['machine']['cores']} cores; torch {results['versions'].get('torch')}, "
+         f"transformers {results['versions'].get('transformers')}, trl {results['versions'].get('trl')} / "
+         f"{(results.get('versions_trl112') or {}).get('trl')} (PPO). Ratio = rlhf-nb / TRL, medians of interleaved "
+         f"repetitions; `*_cpu_s` is CPU time (steady under load), `*_s` wall time. Full tables: `bench/results.md`.", "",
+         "| comparison | metric | rlhf-nb | TRL | ratio | target | measured (mode, reps, 1-min load) |",
+         "|---|---|---|---|---|---|---|"]
     for name, b in results["benches"].items():
         labels = list(b.get("arms", {}))
         for met, r in (b.get("ratios") or {}).items():
@@ -345,9 +355,12 @@ def ratios_table(results):
             vb = (b["arms"][labels[1]]["summary"].get(met) or {}).get("median")
             t = (b.get("target") or {}).get(met)
             L.append(f"| {name} | {met} | {fmt(va)} | {fmt(vb)} ({labels[1]}) | **{r:.2f}** | "
-                     f"{'' if t is None else ('≤ ' + str(t) + (' met' if r <= t else ' NOT met'))} |")
+                     f"{'' if t is None else ('≤ ' + str(t) + (' met' if r <= t else ' NOT met'))} | "
+                     f"{b.get('date', '?')[:16]} ({b.get('mode', '?')}, {b.get('reps', '?')}, "
+                     f"{b.get('load_before')}→{b.get('load_after')}) |")
         for label, a in b.get("arms", {}).items():
-            if a.get("unavailable"): L.append(f"| {name} | — | {label}: not measured ({a['unavailable']}) | | | |")
+            if a.get("unavailable"): L.append(f"| {name} | — | {label}: not measured ({a['unavailable']}) | | | | |")
+        if b.get("skipped"): L.append(f"| {name} | — | skipped: {b['skipped']} | | | | |")
     return "\n".join(L)
 
 
@@ -375,6 +388,7 @@ def parse_args(argv=None):
     ap.add_argument("--reps", type=int, default=None, help="A/B repetitions (default 2 quick, 4 full)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads per arm (<= 2 on the shared CPU)")
     ap.add_argument("--lr", type=float, default=1e-5, help="learning rate used by both sides")
+    ap.add_argument("--budget", type=float, default=560, help="--quick: skip the benches without ratios that would end past this many seconds")
     ap.add_argument("--prepare_sft", action="store_true", help="only build (or check) the cached SFT start, then exit")
     ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: GRPOConfig's)")
     ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
@@ -451,7 +465,12 @@ def main(argv=None):
     with open(C.WORK / "arms.log", "a") as logf:
         for n in names:
             t0 = time.time(); lb = C.load_avg()
-            if n == "grpo_accuracy" and not a.sft_path:
+            est = {"ref_strategies": 40, "rewards": 90}.get(n)
+            if a.quick and est and t0 - t_start + est > a.budget:
+                res = {"skipped": f"--quick time budget ({a.budget:.0f} s) reached under load {lb and round(lb[0], 1)}; "
+                                  f"run it alone with --only {n}", "arms": {}}
+                log(f"{n}: skipped ({res['skipped']})")
+            elif n == "grpo_accuracy" and not a.sft_path:
                 res = {"skipped": "rlhf_nb.sft.sft_warm_start is not available (or failed), so there is no SFT start", "arms": {}}
             else:
                 res = BENCHES[n](a, logf)
@@ -464,7 +483,7 @@ def main(argv=None):
     after, up_after = C.load_avg(), C.uptime_line()
     log(f"load after: {up_after}")
     results = {}
-    if RESULTS_JSON.exists() and (a.only or a.gpu):     # partial runs update their benches in the last results
+    if RESULTS_JSON.exists():          # every run updates its own benches in the last results (each bench says its mode/date)
         try: results = json.loads(RESULTS_JSON.read_text())
         except Exception: results = {}
     prev = results.get("benches", {})
@@ -494,18 +513,23 @@ def main(argv=None):
 
 
 def stand_ins():
-    "Which parts of rlhf_nb the bench had to replace with its own stand-ins (modules not landed yet)."
+    "Which names the bench needs from rlhf_nb are not defined yet (read from the module sources, nothing imported)."
+    import ast
     need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "data": ["make_arith", "to_trl_grpo", "to_trl_dpo"],
             "rewards": ["compute_score", "trl_reward_func", "RewardManager"], "sft": ["sft_warm_start", "greedy_accuracy"],
-            "ppo": ["RLTrainer", "PPOConfig"], "dpo_grpo": ["GRPOConfig", "dpo_loss"]}
-    code = ("import json,sys; sys.path.insert(0, %r); import common as C; need=%r\n"
-            "print(json.dumps({m: [n for n in ns if C.nb(m, n) is None] for m, ns in need.items()}))") % (str(BENCH), need)
-    try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=arm_env(1))
-        missing = json.loads(r.stdout.strip().splitlines()[-1])
-        return {m: v for m, v in missing.items() if v}
-    except Exception as e:
-        return {"error": str(e)}
+            "ppo": ["RLTrainer", "PPOConfig"], "dpo_grpo": ["GRPOConfig", "GroupRLTrainer", "DPOConfig", "DPOLoop"]}
+    missing = {}
+    for mod, names in need.items():
+        path = C.REPO / "rlhf_nb" / f"{mod}.py"
+        defined = set()
+        if path.exists():
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)): defined.add(node.name)
+                elif isinstance(node, ast.Assign): defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+                elif isinstance(node, (ast.ImportFrom, ast.Import)): defined |= {(n.asname or n.name).split(".")[0] for n in node.names}
+        gone = [n for n in names if n not in defined]
+        if gone: missing[mod] = gone
+    return missing
 
 
 if __name__ == "__main__":
