@@ -588,6 +588,10 @@ class RLHFDataset(torch.utils.data.Dataset):
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         keep = [i for i, x in enumerate(ids) if len(x) <= max_prompt_length]
         self.n_total, self.n_dropped = len(rows), len(rows) - len(keep)
+        if rows and not keep:
+            src = str(data) if isinstance(data, (str, Path)) else "RLHFDataset"
+            raise DataError(f"{src}: all {len(rows)} prompts are longer than max_prompt_length={max_prompt_length} tokens "
+                            f"(the shortest has {min(map(len, ids))}): raise max_prompt_length or shorten the prompts")
         if self.n_dropped:
             warnings.warn(f"RLHFDataset: dropped {self.n_dropped} of {len(rows)} prompts longer than "
                           f"max_prompt_length={max_prompt_length} tokens")
