@@ -1,0 +1,64 @@
+"""Run `rlhf-nb ARGS...` (the CLI's own `rlhf_nb.launch.main`) in this process, for the kill-and-resume tests.
+
+    python tests/_resume_worker.py [--kill_at_save STEP --kill_point mid|rename] -- ppo --output_dir D ...
+
+Two things differ from the plain console script, both so that a tiny run says something:
+- the reward of data_source "arith" is replaced by a dense one (the fraction of characters with an even code point),
+  so an untrained tiny policy gets non-zero, varying scores, gradients and advantages (the real arith reward is 0
+  for every sample of a random model, and a resume test on all-zero metrics would prove nothing);
+- `--kill_at_save STEP` sends this process SIGKILL in the middle of writing checkpoint STEP: `mid` = at the first
+  `torch.save` into that checkpoint's folder (the weights are written, the optimizer state is not), `rename` = when
+  the finished temporary folder is about to be renamed to `checkpoint-STEP`.
+"""
+import os, re, signal, sys
+from pathlib import Path
+
+
+def dense_arith_reward(solution_str, ground_truth=None, extra_info=None):
+    "Fraction of characters with an even code point: in [0, 1], varies from sample to sample."
+    return sum(ord(c) % 2 == 0 for c in solution_str) / max(1, len(solution_str))
+
+
+def _die(): os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_kill(step, point):
+    "Make this process SIGKILL itself while checkpoint `step` is being written."
+    name = f"checkpoint-{step}"
+    inside = re.compile(rf"checkpoint-{step}(?!\d)")
+    if point == "mid":
+        import torch
+        save = torch.save
+        def killing_save(obj, f, *a, **kw):
+            if isinstance(f, (str, os.PathLike)) and inside.search(Path(f).parent.name): _die()
+            return save(obj, f, *a, **kw)
+        torch.save = killing_save
+    elif point == "rename":
+        for fn in ("replace", "rename"):
+            orig = getattr(os, fn)
+            def killing(src, dst, *a, _orig=orig, **kw):
+                if Path(dst).name == name: _die()
+                return _orig(src, dst, *a, **kw)
+            setattr(os, fn, killing)
+    else: raise SystemExit(f"--kill_point must be mid or rename, not {point!r}")
+
+
+def main(argv):
+    kill_at, point = None, "mid"
+    if "--" in argv:
+        i = argv.index("--"); opts, argv = argv[:i], argv[i + 1:]
+        for k, v in zip(opts[::2], opts[1::2]):
+            if k == "--kill_at_save": kill_at = int(v)
+            elif k == "--kill_point": point = v
+            else: raise SystemExit(f"unknown worker option {k}")
+    import torch
+    torch.set_num_threads(1)
+    from rlhf_nb.rewards import register_reward
+    register_reward("arith")(dense_arith_reward)
+    if kill_at is not None: arm_kill(kill_at, point)
+    from rlhf_nb.launch import main as cli
+    return cli(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
