@@ -109,7 +109,7 @@ def test_bad_config_is_one_line_and_writes_nothing(tmp_path, case):
 
 def test_module_entry_point_reports_the_same_way(tmp_path):
     r = rlhf_nb("grpo", "--max_steps", "ten", cwd=tmp_path, module=True)
-    assert r.returncode == 2 and error_lines(r.stderr) == ["rlhf-nb grpo: error: argument --max_steps: invalid int value: 'ten'"]
+    assert r.returncode == 2 and error_lines(r.stderr) == ["rlhf-nb grpo: error: argument --max_steps/--max-steps: invalid int value: 'ten'"]
 
 
 # --- training subcommands, one process ----------------------------------------------------------------------
@@ -121,7 +121,7 @@ def test_grpo_ppo_cli_and_chain_to_eval_and_plot(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert (s["steps"], s["world_size"], s["ranks_identical"], s["algo"]) == (2, 1, True, "grpo")   # CLI beat the YAML
-    assert s["final"]["kl_coef"] == 0.0 and "critic/vf_loss" not in s["final"]
+    assert s["final"]["kl_coef"] == launch.grpo_config_class()().kl_coef and "critic/vf_loss" not in s["final"]
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["checkpoint-2", "metrics.jsonl", "summary.json"]
     r = rlhf_nb("ppo", "--max_steps", "1", "--output_dir", "p", *TINY_RL, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
