@@ -4,7 +4,9 @@ metrics of the run that was never interrupted, and ends with bit-identical weigh
 Each run is a fresh process of the CLI's own entry point (`tests/_resume_worker.py` calls `rlhf_nb.launch.main`,
 with a dense reward for the arithmetic task so a tiny untrained policy gets real gradients; see its docstring).
 Runs are tiny (6 steps of 4 prompts, 4 new tokens, 8 training prompts so every second step ends an epoch) and
-pinned to one thread each, so results are bit-reproducible; independent runs are started side by side.
+pinned to one thread each, so results are bit-reproducible; independent runs are started side by side. The options
+make every piece of state move from step to step: an adaptive KL coefficient, a warm-up + cosine (PPO) or linear
+(GRPO) learning-rate schedule, Adam moments, the sampler's epoch and offset, the RNG streams of sampling.
 
 Covered for PPO and GRPO (DPO: the same tests, marked xfail until its loop has checkpoints):
 - a SIGKILL in the middle of writing a checkpoint leaves no `checkpoint-N` behind; `--resume_from_checkpoint latest`
@@ -31,9 +33,11 @@ TIMEOUT = 420
 
 ARGS = {
     "ppo": ["--per_device_train_batch_size", 4, "--mini_batch_size", 2, "--max_completion_length", 4,
-            "--arith_train_size", 8, "--eval_steps", 3, "--eval_size", 8, "--eval_batch_size", 8],
+            "--arith_train_size", 8, "--eval_steps", 3, "--eval_size", 8, "--eval_batch_size", 8,
+            "--adaptive_kl", "true", "--kl_target", 0.05, "--kl_horizon", 50,            # KL controller state moves
+            "--lr_scheduler_type", "cosine", "--warmup_steps", 2],                       # so does the scheduler's
     "grpo": ["--per_device_train_batch_size", 4, "--num_generations", 2, "--max_completion_length", 4,
-             "--arith_train_size", 8, "--eval_steps", 0],
+             "--arith_train_size", 8, "--eval_steps", 0, "--lr_scheduler_type", "linear"],
     "dpo": ["--per_device_train_batch_size", 4, "--num_pairs", 8, "--num_eval_pairs", 4, "--num_eval_prompts", 0,
             "--rejected_from_policy", "false", "--max_length", 32, "--logging_steps", 1, "--eval_steps", 3],
 }
