@@ -127,6 +127,9 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
         out["ratios"], out["paired_ratios"] = {}, {}
         for m in metrics:
             sa, sb = A["summary"].get(m), B["summary"].get(m)
+            if m.startswith("accuracy"):                 # accuracies compare as differences (points), not ratios
+                if sa and sb: out.setdefault("differences", {})[m] = sa["median"] - sb["median"]
+                continue
             if sa and sb and sb["median"]: out["ratios"][m] = sa["median"] / sb["median"]
             pr = [ra[m] / rb[m] for ra, rb in zip(A["reps"], B["reps"])
                   if isinstance(ra.get(m), (int, float)) and isinstance(rb.get(m), (int, float)) and rb[m]]
@@ -156,12 +159,13 @@ def bench_grpo_accuracy(a, logf):
     "Held-out greedy accuracy after equal wall time from the same SFT start (full run only)."
     d = grpo_defaults()
     p = dict(grpo_params(a), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_path,
-             lr=a.acc_lr or d.get("learning_rate") or a.lr, beta=d.get("kl_coef", 0.0))
+             lr=a.acc_lr or d.get("learning_rate") or a.lr, beta=d.get("kl_coef", 0.0),
+             updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
     res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
              ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
     res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
                    f"{a.n_eval} held-out prompts; both at lr {p['lr']:g}, beta {p['beta']:g} (rlhf-nb GRPOConfig's defaults), "
-                   f"16 prompts x 8 completions, 2 updates per generation; rlhf-nb otherwise with its GRPO defaults "
+                   f"16 prompts x 8 completions, {p['updates_per_generation']} update(s) per generation; rlhf-nb otherwise with its GRPO defaults "
                    f"(zero-signal groups dropped), TRL with its own")
     return res
 
@@ -169,7 +173,7 @@ def bench_grpo_accuracy(a, logf):
 def grpo_defaults():
     "learning_rate and kl_coef of rlhf_nb.dpo_grpo.GRPOConfig (read in a subprocess: the runner imports no torch)."
     code = ("import json; from rlhf_nb.dpo_grpo import GRPOConfig as G; c = G(); "
-            "print(json.dumps({'learning_rate': c.learning_rate, 'kl_coef': c.kl_coef}))")
+            "print(json.dumps({'learning_rate': c.learning_rate, 'kl_coef': c.kl_coef, 'num_ppo_epochs': c.num_ppo_epochs}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=arm_env(1), timeout=300)
     try: return json.loads(r.stdout.strip().splitlines()[-1])
     except Exception: return {}
@@ -273,6 +277,9 @@ def write_md(results):
             ok = "" if tgt is None else ("met" if r <= tgt else "NOT met")
             rows.append(f"| {name} | {met} | {fmt(r)} | {fmt(pr.get('min'))}–{fmt(pr.get('max'))} | "
                         f"{'≤ ' + fmt(tgt) if tgt is not None else ''} {ok} |")
+    for name, b in m["benches"].items():
+        for met, d in (b.get("differences") or {}).items():
+            rows.append(f"| {name} | {met} | {100 * d:+.1f} points (rlhf-nb − TRL) | | |")
     if rows:
         L.append("## Ratios (rlhf-nb / TRL)\n")
         L.append("| bench | metric | ratio of medians | paired min–max | target |")
@@ -350,6 +357,12 @@ def ratios_table(results):
          "|---|---|---|---|---|---|---|"]
     for name, b in results["benches"].items():
         labels = list(b.get("arms", {}))
+        for met, dif in (b.get("differences") or {}).items():
+            va = (b["arms"][labels[0]]["summary"].get(met) or {}).get("median")
+            vb = (b["arms"][labels[1]]["summary"].get(met) or {}).get("median")
+            L.append(f"| {name} | {met} | {fmt(va)} | {fmt(vb)} ({labels[1]}) | **{100 * dif:+.1f} points** (difference) | "
+                     f"{'> 0' if met == 'accuracy_end' else ''} | {b.get('date', '?')[:16]} ({b.get('mode', '?')}, "
+                     f"{b.get('reps', '?')}, {b.get('load_before')}→{b.get('load_after')}) |")
         for met, r in (b.get("ratios") or {}).items():
             va = (b["arms"][labels[0]]["summary"].get(met) or {}).get("median")
             vb = (b["arms"][labels[1]]["summary"].get(met) or {}).get("median")
@@ -391,6 +404,7 @@ def parse_args(argv=None):
     ap.add_argument("--budget", type=float, default=560, help="--quick: skip the benches without ratios that would end past this many seconds")
     ap.add_argument("--prepare_sft", action="store_true", help="only build (or check) the cached SFT start, then exit")
     ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: GRPOConfig's)")
+    ap.add_argument("--acc_updates", type=int, default=None, help="GRPO accuracy arm: updates per generation (default: GRPOConfig's num_ppo_epochs)")
     ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
     ap.add_argument("--n_eval", type=int, default=300, help="GRPO accuracy arm: held-out prompts")
     ap.add_argument("--sft", dest="use_sft", action="store_true", default=None, help="start timing arms from the SFT checkpoint (default in the full mode)")
@@ -502,6 +516,8 @@ def main(argv=None):
     log(f"wrote {RESULTS_JSON}, {RESULTS_MD.name}, {RESULTS_PNG.name} in {results['wall_seconds']} s")
     print()
     for n, b in benches.items():
+        for met, d in (b.get("differences") or {}).items():
+            print(f"  {n:15s} {met:22s} rlhf-nb - TRL = {100 * d:+.1f} points")
         for met, r in (b.get("ratios") or {}).items():
             t = (b.get("target") or {}).get(met)
             print(f"  {n:15s} {met:22s} rlhf-nb/TRL = {r:6.3f}" + (f"   (target <= {t}: {'met' if r <= t else 'NOT met'})" if t else ""))
