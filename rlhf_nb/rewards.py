@@ -409,6 +409,10 @@ class ModelReward:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError("reward tokenizer has no chat template: call rlhf_nb.models.ensure_chat_ready(tokenizer)")
         if tokenizer.pad_token_id is None: raise ValueError("reward tokenizer has no pad token: call rlhf_nb.models.ensure_chat_ready(tokenizer)")
+        n_rows = model.get_input_embeddings().num_embeddings
+        if len(tokenizer) > n_rows:  # ids past the embedding table would be an IndexError deep inside the forward pass
+            raise ValueError(f"reward tokenizer has {len(tokenizer)} tokens but the reward model's embedding has {n_rows} rows: "
+                             "pass the reward model's own tokenizer (reward_tokenizer=...)")
         if normalize not in (None, "batch") and not (isinstance(normalize, (tuple, list)) and len(normalize) == 2):
             raise ValueError(f"normalize must be None, 'batch' or (mean, std), not {normalize!r}")
         self.model, self.tokenizer, self.max_length, self.batch_size, self.normalize = model, tokenizer, max_length, batch_size, normalize
