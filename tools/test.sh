@@ -3,6 +3,8 @@
 # notebooks clean, README rendered from nbs/index.ipynb, then every notebook and every pytest test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# torch's OpenMP threads busy-wait by default; on a small shared machine that makes tiny ops many times slower.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 echo "== checking that nbs/ and rlhf_nb/ are in sync (nbdev_export, nbdev_clean)"
 snapshot() { find rlhf_nb nbs README.md -type f -not -path "*/__pycache__/*" -not -path "*/.ipynb_checkpoints/*" | sort | xargs sha1sum; }
 before=$(snapshot)
