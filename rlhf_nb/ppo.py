@@ -23,7 +23,7 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule', 'make_generation_config',
            'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'rollout_table', 'read_metrics',
-           'plot_metrics', 'ppo_main']
+           'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -275,6 +275,7 @@ class PPOConfig:
     report_to: str = _f("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb (comma separated).")
     bf16: bool = _f(False, "bfloat16 mixed precision (GPU).")
     disable_tqdm: bool = _f(False, "Hide the progress bar.")
+    max_nan_steps: int = _f(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
 
     def __post_init__(self):
         if self.ref_strategy == "peft" and not self.use_peft:
@@ -283,6 +284,9 @@ class PPOConfig:
             raise ValueError(f"ref_strategy='none' has no reference to measure a KL against: set kl_coef=0 (got {self.kl_coef})")
         for k in ("per_device_train_batch_size", "num_generations", "num_ppo_epochs", "gradient_accumulation_steps", "max_completion_length"):
             if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
+        if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
+            raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
+        if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
 
@@ -469,6 +473,11 @@ def generate_sequences(self: RLTrainer, batch):
 def compute_scores(self: RLTrainer, data):
     "Reward role: token-level scores [B,R] (score on the last valid token), minus the missing-eos penalty."
     scores, metrics = self.reward_manager(data)
+    want = tuple(data["responses"].shape)
+    if not torch.is_tensor(scores) or tuple(scores.shape) != want:
+        got = tuple(scores.shape) if hasattr(scores, "shape") else type(scores).__name__
+        raise ValueError(f"reward_manager returned token_level_scores of shape {got}; expected {want} "
+                         "(one row per response, one column per response token)")
     scores = scores.to(data["responses"].device).float()
     if self.config.missing_eos_penalty:
         last = (data["response_mask"].sum(-1) - 1).clamp_min(0)
@@ -567,10 +576,13 @@ def _sync_ctx(self: RLTrainer, model, last):
 
 @patch
 def _clip_and_step(self: RLTrainer, model, opt):
-    "Clip gradients (if configured), step, zero; returns the gradient norm."
-    norm = self.accelerator.clip_grad_norm_(model.parameters(), self.config.max_grad_norm) if self.config.max_grad_norm else torch.tensor(0.)
-    opt.step(); opt.zero_grad(set_to_none=True)
-    return float(norm)
+    "Clip gradients (if configured), step, zero; returns (gradient norm, skipped): a NaN/inf gradient skips the step."
+    if self.config.max_grad_norm: norm = self.accelerator.clip_grad_norm_(model.parameters(), self.config.max_grad_norm)
+    else: norm = torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf"))   # measure only
+    skipped = not bool(torch.isfinite(torch.as_tensor(norm)))         # grads are all-reduced: every rank agrees
+    if not skipped: opt.step()
+    opt.zero_grad(set_to_none=True)
+    return float(norm), skipped
 
 @patch
 def update(self: RLTrainer, data):
@@ -614,8 +626,13 @@ def update(self: RLTrainer, data):
                         vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
                         self.accelerator.backward(cfg.vf_coef * vf * weight)
                     add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
-            add("actor/grad_norm", self._clip_and_step(self.actor, self.actor_opt))
-            if self.critic is not None: add("critic/grad_norm", self._clip_and_step(self.critic, self.critic_opt))
+            norm, skipped = self._clip_and_step(self.actor, self.actor_opt)
+            add("actor/nan_skipped", skipped)
+            if not skipped: add("actor/grad_norm", norm)
+            if self.critic is not None:
+                norm, skipped = self._clip_and_step(self.critic, self.critic_opt)
+                add("critic/nan_skipped", skipped)
+                if not skipped: add("critic/grad_norm", norm)
     self.actor_sched.step()
     if self.critic_sched is not None: self.critic_sched.step()
     return {k: sum(v) / len(v) for k, v in stats.items()}
@@ -651,12 +668,22 @@ def log(self: RLTrainer, metrics):
     for w in getattr(self, "_writers", []): w(metrics)
 
 def _rng_state():
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    "RNG states as plain lists / ints / tensors, so `torch.load(weights_only=True)` can read them back."
+    pv, pkeys, pgauss = random.getstate()
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    st = {"python": [pv, list(pkeys), pgauss],
+          "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                    "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+          "torch": torch.get_rng_state()}
     if torch.cuda.is_available(): st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 def _set_rng_state(st):
-    random.setstate(st["python"]); np.random.set_state(st["numpy"]); torch.set_rng_state(st["torch"])
+    pv, pkeys, pgauss = st["python"]
+    random.setstate((pv, tuple(pkeys), pgauss))
+    n = st["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
 
 def _checkpoints(output_dir):
@@ -687,20 +714,42 @@ def save_checkpoint(self: RLTrainer):
     torch.save(_rng_state(), tmp / f"rng_state_{self.rank}.pt")
     acc.wait_for_everyone()
     if acc.is_main_process:
-        if final.exists(): shutil.rmtree(final)
+        aside = out / f".old-checkpoint-{self.global_step}"
+        if aside.exists(): shutil.rmtree(aside)
+        if final.exists(): os.replace(final, aside)                     # never delete before the new one is in place
         os.replace(tmp, final)
+        if aside.exists(): shutil.rmtree(aside)
         if self.config.save_total_limit:
             for old in _checkpoints(out)[:-self.config.save_total_limit]: shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()
     return final
 
 # %% ../nbs/02_ppo.ipynb #1a08d9bf
+class CorruptCheckpoint(ValueError): "A checkpoint file that cannot be read (truncated, garbage, or refused by weights_only)."
+
+_CKPT_ROOT = None      # the checkpoint folder being read, for error messages
+
+def _read(f, how):
+    "`how(f)`, with any failure turned into one line naming the checkpoint and the file."
+    try: return how(f)
+    except CorruptCheckpoint: raise
+    except Exception as e:
+        root = _CKPT_ROOT or Path(f).parent
+        try: rel = Path(f).relative_to(root)
+        except ValueError: rel = f
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise CorruptCheckpoint(f"checkpoint {root} is corrupt or truncated: {rel} ({type(e).__name__}: {reason})") from None
+
+def _torch_load(f):
+    "A checkpoint's torch file: tensors and plain containers only (a pickle in it never runs)."
+    return _read(f, lambda p: torch.load(p, map_location="cpu", weights_only=True))
+
 def _load_safetensors_dir(folder):
     from safetensors.torch import load_file
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files: raise FileNotFoundError(f"no *.safetensors weights in {folder}")
     sd = {}
-    for f in files: sd.update(load_file(str(f)))
+    for f in files: sd.update(_read(f, lambda p: load_file(str(p))))
     return sd
 
 def _load_into(model, folder):
@@ -708,7 +757,7 @@ def _load_into(model, folder):
     if is_peft_model(model):
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
-        set_peft_model_state_dict(model, load_file(str(Path(folder) / "adapter_model.safetensors")))
+        set_peft_model_state_dict(model, _read(Path(folder) / "adapter_model.safetensors", lambda p: load_file(str(p))))
         return
     sd = _load_safetensors_dir(folder)
     missing, unexpected = model.load_state_dict(sd, strict=False)
@@ -720,26 +769,59 @@ def _load_into(model, folder):
 @patch
 def load_checkpoint(self: RLTrainer, path):
     "Resume from a checkpoint folder, or from the newest one in `output_dir` when `path == 'latest'`."
+    global _CKPT_ROOT
     if path == "latest":
         cps = _checkpoints(self.config.output_dir)
         if not cps: raise FileNotFoundError(f"resume_from_checkpoint='latest' but no checkpoint-* folder in {self.config.output_dir}")
-        path = cps[-1]
+        complete = [p for p in cps if not _missing_files(p)]
+        for p in cps:
+            if p not in complete: warnings.warn(f"skipping incomplete checkpoint {p} (missing {', '.join(_missing_files(p))})")
+        if not complete: raise FileNotFoundError(f"resume_from_checkpoint='latest' but every checkpoint-* folder in "
+                                                 f"{self.config.output_dir} is incomplete")
+        path = complete[-1]
     path = Path(path)
     if not (path / "trainer_state.json").exists(): raise FileNotFoundError(f"{path} is not a checkpoint (no trainer_state.json)")
+    _CKPT_ROOT = path
+    try: return self._load_checkpoint(path)
+    finally: _CKPT_ROOT = None
+
+def _missing_files(path):
+    "Files a complete checkpoint has and `path` lacks."
+    path = Path(path)
+    miss = [f for f in ("trainer_state.json", "optimizer.pt") if not (path / f).exists()]
+    if not list((path / "policy").glob("*.safetensors")): miss.append("policy/*.safetensors")
+    return miss
+
+def _run_kind(cfg):
+    "'gae (critic: separate)'-style summary of the algorithm a config (object or dict) runs."
+    from types import SimpleNamespace
+    c = cfg if not isinstance(cfg, dict) else SimpleNamespace(**{k: cfg.get(k) for k in ("adv_estimator", "critic", "use_peft")})
+    try: _ensure_estimator(c.adv_estimator); mode = _resolve_critic(c)
+    except Exception: mode = c.critic                                    # an estimator this install does not know
+    return c.adv_estimator, mode, bool(c.use_peft)
+
+@patch
+def _load_checkpoint(self: RLTrainer, path):
     acc = self.accelerator
-    state = json.loads((path / "trainer_state.json").read_text())
+    state = _read(path / "trainer_state.json", lambda p: json.loads(p.read_text()))
+    if "config" in state:                                                # refuse a checkpoint of another algorithm
+        theirs, ours = _run_kind(state["config"]), _run_kind(self.config)
+        if theirs != ours:
+            say = lambda k: f"{k[0]} (critic: {k[1]}{', peft' if k[2] else ''})"
+            raise ValueError(f"checkpoint {path} was written by a {say(theirs)} run; this run is {say(ours)}: "
+                             "resume only with the same adv_estimator, critic and use_peft")
     _load_into(self.unwrapped_policy, path / "policy")
     actor = acc.unwrap_model(self.actor)
     if self.critic is not None: _load_into(acc.unwrap_model(self.critic).value_model, path / "critic")
-    if actor.v_head is not None: actor.v_head.load_state_dict(torch.load(path / "critic" / "value_head.pt"))
-    opt = torch.load(path / "optimizer.pt", weights_only=False)
+    if actor.v_head is not None: actor.v_head.load_state_dict(_torch_load(path / "critic" / "value_head.pt"))
+    opt = _torch_load(path / "optimizer.pt")
     self.actor_opt.load_state_dict(opt["actor_opt"]); self.actor_sched.load_state_dict(opt["actor_sched"])
     if self.critic_opt is not None:
         self.critic_opt.load_state_dict(opt["critic_opt"]); self.critic_sched.load_state_dict(opt["critic_sched"])
     self.global_step, self.sampler_state = state["global_step"], state["sampler_state"]
     self.kl_ctl.load_state_dict(state["kl_ctl"])
     rng = path / f"rng_state_{self.rank}.pt"
-    if rng.exists(): _set_rng_state(torch.load(rng, weights_only=False))
+    if rng.exists(): _read(rng, lambda p: _set_rng_state(_torch_load(p)))
     else: warnings.warn(f"{rng} missing (checkpoint written by {state.get('world_size')} processes): RNG not restored")
     self.resumed_from = str(path)
     return self
@@ -816,7 +898,7 @@ def fit(self: RLTrainer):
     self._open_run()
     if cfg.eval_steps and self.global_step == 0:
         self.log({"step": 0, "time/elapsed": 0.0, **self.evaluate()})
-    t_start, saved = time.perf_counter(), False
+    t_start, saved, want_save, nan_streak = time.perf_counter(), False, False, 0
     bar = tqdm(total=cfg.max_steps, initial=self.global_step, disable=cfg.disable_tqdm or not acc.is_main_process, desc="rl")
     while self.global_step < cfg.max_steps:
         m = self.step()
@@ -830,14 +912,25 @@ def fit(self: RLTrainer):
         if cfg.eval_steps and (self.global_step % cfg.eval_steps == 0 or done):
             m.update(self.evaluate())
         m.update({"step": self.global_step, "time/elapsed": elapsed})
-        if self.global_step % cfg.logging_steps == 0 or "eval/accuracy" in m: self.log(m)
+        nan = m.get("actor/nan_skipped", 0) > 0 or m.get("critic/nan_skipped", 0) > 0
+        nan_streak = nan_streak + 1 if nan else 0
+        if nan_streak >= cfg.max_nan_steps: self.log(m)
+        elif self.global_step % cfg.logging_steps == 0 or "eval/accuracy" in m: self.log(m)
+        if nan:
+            msg = f"step {self.global_step}: loss was NaN/inf; optimiser step skipped ({nan_streak} in a row)"
+            warnings.warn(msg)
+        if nan_streak >= cfg.max_nan_steps:
+            bar.close()
+            raise ValueError(f"loss was NaN/inf in {nan_streak} consecutive steps (last: step {self.global_step}); "
+                             "lower learning_rate or check the rewards")
         bar.update(1)
         bar.set_postfix({k.split("/")[-1]: round(m[k], 3) for k in ("score/mean", "kl/mean", "eval/accuracy") if k in m})
-        saved = bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
-        if saved: self.save_checkpoint()
+        want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
+        saved = want_save and not nan_streak                             # a save due in a NaN streak waits for a clean step
+        if saved: self.save_checkpoint(); want_save = False
         if out_of_time: break
     bar.close()
-    if cfg.save_final and not saved: self.save_checkpoint()
+    if cfg.save_final and not saved and not nan_streak: self.save_checkpoint()
     return self.history
 
 # %% ../nbs/02_ppo.ipynb #f5ca565f

@@ -15,7 +15,7 @@ Covered for PPO and GRPO (DPO: the same tests, marked xfail until its loop has c
 - `--resume_from_checkpoint DIR` into a new output folder, from a checkpoint in the middle of an epoch;
 - `save_total_limit` rotation, no temporary folders left over, one metrics row per step (nothing re-run from 0);
 - a checkpoint's policy (and critic) load with plain `transformers` `from_pretrained`;
-- `latest` ignores a temporary folder and (xfail, RL trainer) skips a checkpoint folder with missing files.
+- `latest` ignores a temporary folder and skips a checkpoint folder with missing files.
 """
 import dataclasses, json, os, random, shutil, signal, subprocess, sys, time, warnings
 from pathlib import Path
@@ -247,8 +247,6 @@ def test_latest_ignores_a_temporary_checkpoint_folder(tmp_path, tmp_path_factory
     assert (tr.global_step, Path(tr.resumed_from).name) == (2, "checkpoint-2")
 
 
-@pytest.mark.xfail(strict=True, reason="needs RL engineer: load_checkpoint('latest') must skip checkpoint-N folders with "
-                   "missing files (warning naming them) instead of failing on the newest")
 @pytest.mark.parametrize("missing", ["trainer_state.json", "optimizer.pt", "policy/model.safetensors"])
 def test_latest_skips_a_checkpoint_with_missing_files(missing, tmp_path, tmp_path_factory):
     ref = reference("ppo", tmp_path_factory).ok()
