@@ -384,32 +384,37 @@ def _ref_strategies_generic(model_fn):
 
 @arm("ref_strategies")
 def ref_strategies(p):
-    "Resident weight bytes of policy + reference for each strategy: the tiny model (measured) and the 0.5B shape (meta)."
+    """Weight bytes resident for the reference per strategy. Tiny model: measured with rlhf_nb.ppo.reference_memory_table
+    (the trainer's own Reference objects) when it exists; 0.5B shape: counted on the meta device (bf16)."""
     C.set_threads(p["threads"])
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     tok = C.tokenizer()
-    res, source = {}, "bench's textbook construction (deepcopy / peft LoRA r=8 with adapter disabled / nothing)"
-    make_ref = C.nb("ppo", "make_reference") or C.nb("ppo", "build_reference")
-    for scale, model_fn in [("tiny", lambda: C.policy(tok)),
-                            ("0.5b_bf16", lambda: _meta_qwen05())]:
-        if make_ref is not None and scale == "tiny":
-            source = f"rlhf_nb.ppo.{make_ref.__name__}"
-            models = {}
-            for s in ("copy", "peft", "none"):
-                pol, ref = _call_make_ref(make_ref, model_fn(), s)
-                models[s] = (pol, ref)
-        else:
-            models = _ref_strategies_generic(model_fn)
-        base = resident_bytes(model_fn())
+    res = {}
+    table_fn = C.nb("ppo", "reference_memory_table")
+    if table_fn is not None:
+        t = table_fn(lambda: C.policy(tok), lora_r=8, lora_alpha=16)
+        base = resident_bytes(C.policy(tok))
+        for s in ("copy", "peft", "none"):
+            res[f"{s}_bytes"] = t[s]["reference_extra_bytes"]                 # what the reference itself adds
+            res[f"{s}_total_bytes"] = t[s]["total_bytes"]
+        res["peft_adapter_bytes"] = t["peft"]["policy_bytes"] - base
+        res["policy_bytes_tiny"], src = base, "rlhf_nb.ppo.reference_memory_table (Reference objects of the trainer)"
+    else:
+        models, base = _ref_strategies_generic(lambda: C.policy(tok)), resident_bytes(C.policy(tok))
         for s, (pol, ref) in models.items():
-            tot = resident_bytes(pol, ref)
-            res[f"{s}_bytes" if scale == "tiny" else f"{s}_bytes_{scale}"] = tot - base
-            res[f"{s}_total_bytes" if scale == "tiny" else f"{s}_total_bytes_{scale}"] = tot
-        res[f"policy_bytes_{scale}"] = base
-    res["info"] = ("*_bytes = weight bytes resident beyond the policy's own weights (for peft: the LoRA adapter, which "
-                   "is trained, so the reference itself adds 0); *_total_bytes = policy + reference; 0.5b_bf16 counted "
-                   f"on the meta device from Qwen2.5-0.5B's shape. Built by {source}.")
+            res[f"{s}_bytes"] = resident_bytes(pol, ref) - resident_bytes(pol)
+            res[f"{s}_total_bytes"] = resident_bytes(pol, ref)
+        res["peft_adapter_bytes"] = resident_bytes(models["peft"][0]) - base
+        res["policy_bytes_tiny"], src = base, "the bench's textbook construction (deepcopy / LoRA r=8 adapter disabled / nothing)"
+    base = resident_bytes(_meta_qwen05())
+    for s, (pol, ref) in _ref_strategies_generic(_meta_qwen05).items():
+        res[f"{s}_bytes_0.5b_bf16"] = resident_bytes(pol, ref) - resident_bytes(pol)
+        res[f"{s}_total_bytes_0.5b_bf16"] = resident_bytes(pol, ref)
+    res["peft_adapter_bytes_0.5b_bf16"] = res["peft_total_bytes_0.5b_bf16"] - base
+    res["policy_bytes_0.5b_bf16"] = base
+    res["info"] = ("*_bytes = weight bytes the reference adds beyond the policy (peft: 0, the policy's own base is the "
+                   "reference; the LoRA adapter it trains is peft_adapter_bytes); *_total_bytes = policy (+adapter) + "
+                   f"reference. Tiny model from {src}; 0.5b_bf16 counted on the meta device from Qwen2.5-0.5B's shape "
+                   "(LoRA r=8 on all linear layers).")
     return res
 
 
@@ -418,13 +423,6 @@ def _meta_qwen05():
     from transformers import Qwen2Config, Qwen2ForCausalLM
     cfg = Qwen2Config(**QWEN05_SHAPE, bos_token_id=None, eos_token_id=None, pad_token_id=0, dtype="bfloat16")
     with torch.device("meta"): return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-
-
-def _call_make_ref(make_ref, policy, strategy):
-    "Adapter for rlhf_nb.ppo's reference builder; normalises its return to (policy, reference-or-None)."
-    out = make_ref(policy, strategy)
-    if isinstance(out, tuple): return out[0], out[1]
-    return policy, out if out is not policy else None
 
 
 # ----------------------------------------------------------------------------------------------------------------

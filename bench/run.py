@@ -163,6 +163,7 @@ def bench_grpo_accuracy(a, logf):
              updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
     res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
              ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
+    res["reps"] = 1
     res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
                    f"{a.n_eval} held-out prompts; both at lr {p['lr']:g}, beta {p['beta']:g} (rlhf-nb GRPOConfig's defaults), "
                    f"16 prompts x 8 completions, {p['updates_per_generation']} update(s) per generation; rlhf-nb otherwise with its GRPO defaults "
@@ -206,7 +207,8 @@ def bench_dpo(a, logf):
 def bench_refs(a, logf):
     res = ab("ref_strategies", [("rlhf-nb", "ref_strategies", dict(threads=a.threads), None)], 1,
              [f"{s}_{k}" for k in ("bytes", "total_bytes", "bytes_0.5b_bf16", "total_bytes_0.5b_bf16")
-              for s in ("copy", "peft", "none")], logf)
+              for s in ("copy", "peft", "none")] + ["peft_adapter_bytes", "peft_adapter_bytes_0.5b_bf16"], logf)
+    res["reps"] = 1
     res["what"] = "bytes of weights resident for the reference policy: frozen copy / PEFT base with adapter off / none"
     return res
 
@@ -214,6 +216,7 @@ def bench_refs(a, logf):
 def bench_rewards(a, logf):
     res = ab("rewards", [("rlhf-nb", "rewards", dict(threads=1, quick=a.quick, timeout=900), None)], 1,
              ["reward_manager_completions_per_s", "math_verify_calls_per_s"], logf)
+    res["reps"] = 1
     res["what"] = "RewardManager on 10,000 GSM8K-style completions; math-verify calls/s (bench/bench_rewards.py)"
     return res
 
@@ -374,6 +377,29 @@ def ratios_table(results):
         for label, a in b.get("arms", {}).items():
             if a.get("unavailable"): L.append(f"| {name} | — | {label}: not measured ({a['unavailable']}) | | | | |")
         if b.get("skipped"): L.append(f"| {name} | — | skipped: {b['skipped']} | | | | |")
+    other = []
+    rs = (results["benches"].get("ref_strategies") or {}).get("arms", {}).get("rlhf-nb", {}).get("reps") or []
+    if rs:
+        r = rs[0]
+        mib = lambda k: f"{r[k] / 2**20:,.1f} MiB" if isinstance(r.get(k), (int, float)) else "—"
+        other.append(f"| reference weights beyond the policy, tiny model: copy / peft / none | {mib('copy_bytes')} / "
+                     f"{mib('peft_bytes')} (+ {mib('peft_adapter_bytes')} trained LoRA adapter) / {mib('none_bytes')} |")
+        other.append(f"| same, 0.5B shape in bf16 | {mib('copy_bytes_0.5b_bf16')} / {mib('peft_bytes_0.5b_bf16')} "
+                     f"(+ {mib('peft_adapter_bytes_0.5b_bf16')} adapter) / {mib('none_bytes_0.5b_bf16')} |")
+    rw = (results["benches"].get("rewards") or {}).get("arms", {}).get("rlhf-nb", {}).get("reps") or []
+    if rw and "error" not in rw[0]:
+        r = rw[0]
+        other.append(f"| RewardManager, 10,000 GSM8K completions | {fmt(r.get('reward_manager_completions_per_s'))} "
+                     f"completions/s ({fmt(r.get('reward_manager.best_s'))} s) |")
+        other.append(f"| math-verify (MATH500 answer vs boxed solution, main thread) | {fmt(r.get('math_verify_calls_per_s'))} calls/s |")
+    g = (results["benches"].get("gpu") or {}).get("arms", {})
+    for label, a in g.items():
+        for r in a.get("reps", [])[:1]:
+            if "error" in r or r.get("dry_run"): continue
+            other.append(f"| 0.5B shape on {r['device']} (bf16) | generation {fmt(r['gen_tok_per_s'])} tok/s, training "
+                         f"{fmt(r['train_tok_per_s'])} tok/s, step {fmt(r['train_step_s'])} s, peak "
+                         f"{fmt(r['peak_gpu_mem_gb'])} GiB, MFU {fmt(r['mfu'])} |")
+    if other: L += ["", "| other figures | value |", "|---|---|"] + other
     return "\n".join(L)
 
 
@@ -491,7 +517,8 @@ def main(argv=None):
             res.update(date=datetime.datetime.now().isoformat(timespec="seconds"), seconds=round(time.time() - t0, 1),
                        load_before=lb and round(lb[0], 2), load_after=round((C.load_avg() or [0])[0], 2),
                        mode=("gpu-dry_run" if a.dry_run else "gpu") if a.gpu else ("quick" if a.quick else "full"),
-                       reps=a.reps, init=a.init_path or "random init")
+                       init=a.init_path or "random init")
+            res.setdefault("reps", a.reps)
             benches[n] = res
             log(f"{n}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))
     after, up_after = C.load_avg(), C.uptime_line()
