@@ -179,3 +179,21 @@ def test_dpo_two_processes(tmp_path):
     assert json.loads((out / "summary.json").read_text())["world_size"] == 2
     _, one, p1 = run_worker(tmp_path / "rec1", dpo_args("out1", 8), 1, seeded=False)
     check_matches_one_process(two, one, p2, p1, "loss", initial_policy_params())
+
+
+# --- the checked launcher path of the console script ----------------------------------------------------------
+
+def test_cli_accelerate_config_relaunch(tmp_path):
+    "`rlhf-nb grpo ... --accelerate_config cpu_2proc` checks here, then runs `accelerate launch -m rlhf_nb.launch grpo`."
+    import shutil
+    exe = shutil.which("rlhf-nb")
+    cmd = ([exe] if exe else [sys.executable, "-m", "rlhf_nb.launch"]) + [
+        "grpo", "--accelerate_config", "cpu_2proc", "--output_dir", "out", "--per_device_train_batch_size", "2",
+        "--num_generations", "2", "--max_steps", "2", "--max_completion_length", "4", "--arith_train_size", "32",
+        "--eval_steps", "0", "--disable_tqdm", "true"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "-m accelerate.commands.launch --config_file" in r.stderr and "-m rlhf_nb.launch grpo" in r.stderr
+    s = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["ranks_identical"] and len(s["param_checksums"]) == 2
+    assert len((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()) == 2
