@@ -1,0 +1,141 @@
+"""Where rlhf-nb's trainers spend their time: the probes behind bench/README.md's "Where the time goes".
+
+    python bench/probes.py floor           # PPO: update and scoring CPU time vs bare forward+backward passes
+    python bench/probes.py shared_prefix   # GRPO: round CPU time with each prompt's K/V shared by its group
+    python bench/probes.py imports         # peak RSS after each import (what every trainer process pays first)
+    python bench/probes.py profile ARM     # cProfile of one bench arm (e.g. nb_grpo), top entries by cumulative time
+
+CPU time (`time.process_time`) is used throughout: on the shared machine it moves far less than wall time."""
+from __future__ import annotations
+import os, sys, copy, time, json, types, statistics, subprocess
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as C
+
+
+def cpu(f, n=3):
+    "Min and median CPU seconds of `f()` over n calls after one warm-up call."
+    f(); ts = []
+    for _ in range(n):
+        t0 = time.process_time(); f(); ts.append(time.process_time() - t0)
+    return round(min(ts), 3), round(statistics.median(ts), 3)
+
+
+def _grpo_trainer(tok, p=None):
+    import arms as A
+    p = p or dict(prompts=16, generations=8, updates_per_generation=2, max_new_tokens=16, lr=1e-5, beta=0.0)
+    cfg, _ = A._grpo_config(p, C.WORK / "probe_grpo", 10)
+    return A._nb_rl_trainer(cfg, tok, C.policy(tok), group=True)
+
+
+def floor():
+    "PPO (128 episodes, 2 epochs x 2 minibatches, separate critic): trainer phases vs the bare passes they consist of."
+    import torch, arms as A
+    from rlhf_nb.ppo import PPOConfig
+    C.set_threads(2); C.WORK.mkdir(parents=True, exist_ok=True)
+    tok = C.tokenizer()
+    cfg = PPOConfig(output_dir=str(C.WORK / "probe_ppo"), per_device_train_batch_size=128, num_generations=1, mini_batch_size=64,
+                    num_ppo_epochs=2, max_completion_length=16, learning_rate=1e-5, kl_coef=0.05, max_steps=10, eval_steps=0,
+                    save_final=False, disable_tqdm=True, arith_train_size=2000)
+    tr = A._nb_rl_trainer(cfg, tok, C.policy(tok))
+    tr.step()
+    d = tr.generate_sequences(tr.next_batch()); d, _ = tr.compute_scores(d)
+    d2 = tr.compute_advantages(tr.compute_log_probs_and_values(copy.copy(d)))
+    out = {"batch": list(d["input_ids"].shape),
+           "generate": cpu(lambda: tr.generate_sequences(tr.next_batch())),
+           "compute_log_probs_and_values": cpu(lambda: tr.compute_log_probs_and_values(copy.copy(d))),
+           "update": cpu(lambda: tr.update(copy.copy(d2)))}
+    pol, critic = tr.unwrapped_policy, tr.accelerator.unwrap_model(tr.critic).value_model
+    x, am, pos = d["input_ids"][:64], d["attention_mask"][:64], d["position_ids"][:64]
+    def fb(m, **kw):
+        def go():
+            m(input_ids=x, attention_mask=am, position_ids=pos, **kw).logits.float().sum().backward(); m.zero_grad(set_to_none=True)
+        return go
+    out["bare actor fwd+bwd, 64 rows"] = cpu(fb(pol, logits_to_keep=17))
+    out["bare critic fwd+bwd, 64 rows"] = cpu(fb(critic))
+    with torch.no_grad():
+        out["bare actor fwd, 128 rows"] = cpu(lambda: pol(input_ids=d["input_ids"], attention_mask=d["attention_mask"],
+                                                          position_ids=d["position_ids"], logits_to_keep=17))
+    return out
+
+
+def shared_prefix_forward_actor(self, data, idx=None, with_entropy=False, model=None):
+    """`RLTrainer._forward_actor` for GRPO batches (groups of `num_generations` consecutive rows share a prompt): run each
+    prompt once, hand its keys/values to every completion of its group, then run the responses on top. Same log-probs."""
+    import torch
+    from transformers import DynamicCache
+    from rlhf_nb.core import logprobs_and_entropy
+    if idx is None: return type(self)._forward_actor(self, data, idx, with_entropy, model)
+    G = self.config.num_generations
+    R = data["responses"].shape[1]; P = data["input_ids"].shape[1] - R
+    pol = (model or self.actor).policy
+    groups, inv = torch.unique(idx // G, return_inverse=True)
+    first = groups * G
+    cache = DynamicCache()
+    out = pol(input_ids=data["input_ids"][first, :P], attention_mask=data["attention_mask"][first, :P],
+              position_ids=data["position_ids"][first, :P], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    for layer in cache.layers:                                   # differentiable: gradients sum back over the group
+        layer.keys, layer.values = layer.keys[inv], layer.values[inv]
+    ids, am, pos = data["input_ids"][idx], data["attention_mask"][idx], data["position_ids"][idx]
+    out2 = pol(input_ids=ids[:, P:-1], attention_mask=am[:, :-1], position_ids=pos[:, P:-1], past_key_values=cache, use_cache=True)
+    logits = torch.cat([out.logits[inv][:, -1:], out2.logits], 1)   # [b, R, V]: predicts response tokens 0..R-1
+    lp, ent = logprobs_and_entropy(logits, data["responses"][idx], self.config.temperature, with_entropy=with_entropy,
+                                   entropy_grad=self.config.entropy_coef != 0)
+    return lp, ent, None
+
+
+def shared_prefix(reps=3):
+    "GRPO round CPU time, plain vs shared-prefix actor forward (interleaved), and the log-prob agreement."
+    import torch
+    C.set_threads(2); C.WORK.mkdir(parents=True, exist_ok=True)
+    tok = C.tokenizer()
+    res = {"plain": [], "shared_prefix": []}
+    for _ in range(reps):
+        for variant in res:
+            tr = _grpo_trainer(tok)
+            if variant == "shared_prefix": tr._forward_actor = types.MethodType(shared_prefix_forward_actor, tr)
+            tr.step()
+            ts = []
+            for _ in range(3):
+                t0 = time.process_time(); tr.step(); ts.append(time.process_time() - t0)
+            res[variant].append(statistics.median(ts))
+    tr = _grpo_trainer(tok)
+    d = tr.generate_sequences(tr.next_batch())
+    idx = torch.randperm(d["responses"].shape[0])
+    with torch.no_grad():
+        a, b = tr._forward_actor(d, idx)[0], shared_prefix_forward_actor(tr, d, idx)[0]
+    med = {k: round(statistics.median(v), 3) for k, v in res.items()}
+    return {"round_cpu_s": med, "ratio": round(med["shared_prefix"] / med["plain"], 3),
+            "max_logprob_diff": float((a - b)[d["response_mask"][idx].bool()].abs().max())}
+
+
+def imports():
+    "Peak RSS (MB) of a fresh interpreter after each import line."
+    steps = ["import torch", "import rlhf_nb.models", "import rlhf_nb.ppo", "import rlhf_nb.dpo_grpo", "from trl import GRPOTrainer"]
+    code = ("import resource, sys, time\n" + "".join(
+        f"t=time.time(); {s}; print({s!r}, round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024), round(time.time()-t, 1), "
+        f"sorted(m for m in ('trl','peft','datasets','pandas') if m in sys.modules))\n" for s in steps))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    return r.stdout.strip().splitlines()
+
+
+def profile(arm, params=None):
+    "cProfile one arm of bench/arms.py with small settings; returns the top lines by cumulative time."
+    import cProfile, pstats, io, arms as A
+    params = params or {"nb_grpo": dict(threads=2, prompts=16, generations=8, updates_per_generation=2, max_new_tokens=16,
+                                        lr=1e-5, beta=0.0, warmup_rounds=1, rounds=2),
+                        "nb_ppo": dict(threads=2, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=1e-5,
+                                       kl_coef=0.05, warmup_rounds=1, rounds=2)}[arm]
+    C.WORK.mkdir(parents=True, exist_ok=True)
+    pr = cProfile.Profile(); pr.enable(); A.ARMS[arm](params); pr.disable()
+    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(40)
+    return s.getvalue()
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "floor"
+    if what == "profile": print(profile(sys.argv[2] if len(sys.argv) > 2 else "nb_grpo"))
+    elif what == "imports": print("\n".join(imports()))
+    else: print(json.dumps({"floor": floor, "shared_prefix": shared_prefix}[what](), indent=1))
