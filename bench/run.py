@@ -265,7 +265,7 @@ def write_md(results):
     L.append(f"- machine: {mc['cpu_model']}, {mc['cores']} cores, {mc.get('mem_total_gb')} GB RAM, {mc['platform']}")
     v = m["versions"]
     L.append(f"- versions: python {mc['python']}, torch {v.get('torch')}, transformers {v.get('transformers')}, "
-             f"trl {v.get('trl')} (PPO baseline: trl {m.get('versions_trl112', {}).get('trl')} in bench/.venv-trl112), "
+             f"trl {v.get('trl')} (PPO baseline: trl {(m.get('versions_trl112') or {}).get('trl')} in bench/.venv-trl112), "
              f"peft {v.get('peft')}")
     L.append(f"- torch threads per arm: {m['settings']['threads']}, OMP_WAIT_POLICY={m['settings']['omp_wait_policy']}")
     L.append(f"- load (uptime) before the last command: `{m['uptime_before']}`")
