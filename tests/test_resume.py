@@ -8,7 +8,7 @@ pinned to one thread each, so results are bit-reproducible; independent runs are
 make every piece of state move from step to step: an adaptive KL coefficient, a warm-up + cosine (PPO) or linear
 (GRPO) learning-rate schedule, Adam moments, the sampler's epoch and offset, the RNG streams of sampling.
 
-Covered for PPO and GRPO (DPO: the same tests, marked xfail until its loop has checkpoints):
+Covered for PPO and GRPO (and DPO: the same tests):
 - a SIGKILL in the middle of writing a checkpoint leaves no `checkpoint-N` behind; `--resume_from_checkpoint latest`
   picks the last complete one, which here is an epoch boundary, and the resumed run matches;
 - a SIGKILL at a random moment of a run, then `latest` (PPO);
@@ -43,10 +43,6 @@ ARGS = {
 }
 COMMON = ["--max_steps", N, "--save_steps", 1, "--seed", 3]
 RL_EXTRA = ["--disable_tqdm", "true"]
-
-DPO_XFAIL = pytest.mark.xfail(strict=True, reason="needs GRPO/DPO engineer: DPOConfig save_steps/save_total_limit/"
-                              "resume_from_checkpoint and atomic checkpoint-N folders in DPOLoop (see the report)")
-
 
 def dpo_has_checkpoints():
     "Fail fast (before starting processes) while the DPO loop has no checkpoint options."
@@ -140,7 +136,7 @@ def leftovers(out): return [p.name for p in Path(out).iterdir() if "tmp" in p.na
 
 KILL_CASES = [pytest.param("ppo", "mid", id="ppo-mid-save"),        # policy written, optimizer not yet
               pytest.param("grpo", "rename", id="grpo-before-rename"),  # everything written, not yet renamed
-              pytest.param("dpo", "mid", id="dpo-mid-save", marks=DPO_XFAIL)]
+              pytest.param("dpo", "mid", id="dpo-mid-save")]
 
 @pytest.mark.parametrize("algo,point", KILL_CASES)
 def test_kill_during_save_then_resume_latest_at_epoch_boundary(algo, point, tmp_path, tmp_path_factory):
@@ -164,7 +160,7 @@ def test_kill_during_save_then_resume_latest_at_epoch_boundary(algo, point, tmp_
 
 # --- 2. SIGKILL at a random moment; resume from `latest` ------------------------------------------------------------
 
-@pytest.mark.parametrize("algo", ["ppo", pytest.param("dpo", marks=DPO_XFAIL)])
+@pytest.mark.parametrize("algo", ["ppo", "dpo"])
 def test_sigkill_at_random_moment_then_resume_latest(algo, tmp_path, tmp_path_factory):
     if algo == "dpo": dpo_has_checkpoints()
     ref = reference(algo, tmp_path_factory)
@@ -189,7 +185,7 @@ def test_sigkill_at_random_moment_then_resume_latest(algo, tmp_path, tmp_path_fa
 
 # --- 3. --resume_from_checkpoint DIR (middle of an epoch) into a new output folder ---------------------------------
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo", pytest.param("dpo", marks=DPO_XFAIL)])
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "dpo"])
 def test_resume_from_checkpoint_dir_into_new_output_dir(algo, tmp_path, tmp_path_factory):
     if algo == "dpo": dpo_has_checkpoints()
     ref = reference(algo, tmp_path_factory)
