@@ -22,8 +22,8 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule', 'make_generation_config',
-           'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'rollout_table', 'read_metrics',
-           'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
+           'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw', 'run_concurrently',
+           'rollout_table', 'read_metrics', 'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -274,6 +274,9 @@ class PPOConfig:
     resume_from_checkpoint: Optional[str] = _f(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
     report_to: str = _f("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb (comma separated).")
     bf16: bool = _f(False, "bfloat16 mixed precision (GPU).")
+    parallel_roles: str = _f("auto", "Run independent roles side by side in threads (old-policy/reference/critic forwards; actor and "
+                             "critic updates): 'auto' = on for one CPU process with >= 2 torch threads, 'on', 'off'.",
+                             choices=["auto", "on", "off"])
     disable_tqdm: bool = _f(False, "Hide the progress bar.")
     max_nan_steps: int = _f(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
 
@@ -287,6 +290,8 @@ class PPOConfig:
         if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
             raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
         if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
+        if self.parallel_roles not in ("auto", "on", "off"):
+            raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
 
@@ -306,6 +311,26 @@ class RLTrainer:
         self._initialised = False
 
 # %% ../nbs/02_ppo.ipynb #f84711e9
+def _cpu_processes():
+    "True when accelerate must be told `cpu=True` to see several processes: ACCELERATE_USE_CPU, or WORLD_SIZE > 1 without CUDA."
+    from accelerate.utils import parse_flag_from_env
+    return parse_flag_from_env("ACCELERATE_USE_CPU") or (not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1)
+
+def _resolve_parallel_roles(mode, world, device):
+    "Whether independent roles run side by side: 'on' / 'off', or 'auto' = one CPU process with >= 2 torch threads."
+    if mode == "on" and world > 1:
+        raise ValueError("parallel_roles='on' needs a single process: under DDP the actor's and the critic's gradient "
+                         "all-reduces must run in the same order on every rank; use 'auto' or 'off'")
+    if mode == "auto": return world == 1 and device.type == "cpu" and torch.get_num_threads() >= 2
+    return mode == "on"
+
+def make_adamw(params, lr, weight_decay=0.0):
+    "AdamW over the trainable `params`, fused (one kernel for all tensors) where torch has a fused kernel for them."
+    params = [p for p in params if p.requires_grad]
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
+                                 for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
+
 def _load_rows(spec, split, config, n=None):
     "Rows for dataset spec 'arith' or a parquet file/folder."
     from rlhf_nb.data import make_arith, read_rows
@@ -348,8 +373,9 @@ def init_workers(self: RLTrainer):
     cfg = self.config
     _ensure_estimator(cfg.adv_estimator)
     self.critic_mode = _resolve_critic(cfg)
-    self.accelerator = acc = Accelerator(mixed_precision="bf16" if cfg.bf16 else "no")
+    self.accelerator = acc = Accelerator(cpu=_cpu_processes(), mixed_precision="bf16" if cfg.bf16 else "no")
     self.rank, self.world = acc.process_index, acc.num_processes
+    self.roles_in_parallel = _resolve_parallel_roles(cfg.parallel_roles, self.world, acc.device)
     set_seed(cfg.seed)
     # policy + tokenizer
     if self.tokenizer is None or self.policy is None:
@@ -405,9 +431,7 @@ def init_workers(self: RLTrainer):
         self.reward_manager = RewardManager(tok)
     # optimisers and schedulers
     from transformers import get_scheduler
-    def make_opt(module, lr):
-        params = [p for p in module.parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay)
+    def make_opt(module, lr): return make_adamw(module.parameters(), lr, cfg.weight_decay)
     def make_sched(opt):
         return get_scheduler(cfg.lr_scheduler_type, opt, num_warmup_steps=cfg.warmup_steps, num_training_steps=cfg.max_steps)
     self.actor_opt = make_opt(actor, cfg.learning_rate)
@@ -486,6 +510,30 @@ def compute_scores(self: RLTrainer, data):
     data["token_level_scores"] = scores
     return data, metrics
 
+# %% ../nbs/02_ppo.ipynb #851bc65f
+import threading
+
+def run_concurrently(tasks, parallel=True):
+    "Run independent no-argument callables, side by side in threads when `parallel`; -> their results, in order."
+    tasks = list(tasks)
+    if not parallel or len(tasks) < 2: return [t() for t in tasks]
+    n_threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    results, errors = [None] * len(tasks), [None] * len(tasks)
+    def work(i):
+        try:
+            with torch.set_grad_enabled(grad): results[i] = tasks[i]()
+        except BaseException as e: errors[i] = e
+    torch.set_num_threads(max(1, n_threads // len(tasks)))            # split the cores between the tasks
+    try:
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(tasks))]
+        for t in threads: t.start()
+        work(0)                                                        # the calling thread takes the first task
+        for t in threads: t.join()
+    finally: torch.set_num_threads(n_threads)
+    for e in errors:
+        if e is not None: raise e
+    return results
+
 # %% ../nbs/02_ppo.ipynb #37aa9cec
 _ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
@@ -516,21 +564,28 @@ def compute_log_probs_and_values(self: RLTrainer, data):
     actor = self.accelerator.unwrap_model(self.actor)
     data["perm0"] = torch.randperm(B).to(dev)                            # the first PPO epoch's order, fixed now
     data["old_from_update"] = torch.zeros(B, dtype=torch.bool, device=dev)
-    with self.accelerator.autocast():
-        if self.critic_mode == "shared":
-            data["old_log_probs"], _, data["values"] = self._forward_actor(data, model=actor)
-        elif self._kl_in_reward():
-            data["old_log_probs"] = self._forward_actor(data, model=actor)[0]
-        else:
-            data["old_log_probs"] = torch.zeros(B, R, device=dev)
-            rest = data["perm0"][self.mini_batch_size:]                  # rows outside the first mini-batch
-            if len(rest): data["old_log_probs"][rest] = self._forward_actor(data, rest, model=actor)[0]
-            data["old_from_update"][data["perm0"][:self.mini_batch_size]] = True
-        if self.critic is not None:
-            data["values"] = self._forward_critic(data, model=self.accelerator.unwrap_model(self.critic))
-        if self.reference.active:
-            data["ref_log_probs"] = self.reference.log_probs(data["input_ids"], data["attention_mask"], data["position_ids"],
-                                                             data["responses"], self.config.temperature)
+    out = {}
+    def old_policy():                                                    # actor role (and the shared value head)
+        with self.accelerator.autocast():
+            if self.critic_mode == "shared":
+                out["old_log_probs"], _, out["values"] = self._forward_actor(data, model=actor)
+            elif self._kl_in_reward():
+                out["old_log_probs"] = self._forward_actor(data, model=actor)[0]
+            else:
+                out["old_log_probs"] = torch.zeros(B, R, device=dev)
+                rest = data["perm0"][self.mini_batch_size:]              # rows outside the first mini-batch
+                if len(rest): out["old_log_probs"][rest] = self._forward_actor(data, rest, model=actor)[0]
+                data["old_from_update"][data["perm0"][:self.mini_batch_size]] = True
+    def critic():
+        with self.accelerator.autocast():
+            out["values"] = self._forward_critic(data, model=self.accelerator.unwrap_model(self.critic))
+    def reference():
+        with self.accelerator.autocast():
+            out["ref_log_probs"] = self.reference.log_probs(data["input_ids"], data["attention_mask"], data["position_ids"],
+                                                            data["responses"], self.config.temperature)
+    tasks = [old_policy] + ([critic] if self.critic is not None else []) + ([reference] if self.reference.active else [])
+    run_concurrently(tasks, self.roles_in_parallel)
+    data.update(out)
     if "values" in data: data["values"] = data["values"].float() * data["response_mask"]
     return data
 
@@ -585,54 +640,72 @@ def _clip_and_step(self: RLTrainer, model, opt):
     return float(norm), skipped
 
 @patch
-def update(self: RLTrainer, data):
-    "PPO epochs × mini-batches × micro-batches of actor (and critic) updates; returns mean statistics."
-    cfg, B = self.config, data["responses"].shape[0]
-    stats = {}
+def _update_actor(self: RLTrainer, data, plan):
+    "The actor's PPO epochs (policy loss, KL/entropy terms, a shared value head's loss) -> lists of statistics."
+    cfg, stats = self.config, {}
     def add(k, v): stats.setdefault(k, []).append(float(v))
+    for micros in plan:
+        for j, (idx, weight) in enumerate(micros):
+            last, mask = j == len(micros) - 1, data["response_mask"][idx]
+            with self._sync_ctx(self.actor, last), self.accelerator.autocast():
+                lp, ent, v = self._forward_actor(data, idx, with_entropy=True)
+                fresh = data["old_from_update"][idx]
+                if fresh.any():                                          # first mini-batch: the old policy is the current one
+                    data["old_log_probs"][idx[fresh]] = lp.detach()[fresh].float()
+                    data["old_from_update"][idx[fresh]] = False
+                pg, st = policy_loss(data["old_log_probs"][idx], lp, data["advantages"][idx], mask, cfg.cliprange,
+                                     cfg.cliprange_low, cfg.cliprange_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
+                loss = pg
+                if cfg.use_kl_loss and self.reference.active:
+                    kl = kl_penalty(lp, data["ref_log_probs"][idx], cfg.kl_estimator)
+                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+                    loss = loss + self.kl_ctl.value * kl_loss; add("actor/kl_loss", kl_loss.detach())
+                if cfg.entropy_coef: loss = loss - cfg.entropy_coef * agg_loss(ent, mask, cfg.loss_agg_mode)
+                if v is not None:                                        # shared value head: one backward for both
+                    vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
+                    loss = loss + cfg.vf_coef * vf; add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
+                self.accelerator.backward(loss * weight)
+            add("actor/pg_loss", pg.detach()); add("actor/entropy", masked_mean(ent, mask))
+            for k, x in st.items(): add(f"actor/{k}", x)
+        norm, skipped = self._clip_and_step(self.actor, self.actor_opt)
+        add("actor/nan_skipped", skipped)
+        if not skipped: add("actor/grad_norm", norm)
+    return stats
+
+@patch
+def _update_critic(self: RLTrainer, data, plan):
+    "A separate critic's epochs of clipped value-loss steps -> lists of statistics."
+    cfg, stats = self.config, {}
+    def add(k, v): stats.setdefault(k, []).append(float(v))
+    for micros in plan:
+        for j, (idx, weight) in enumerate(micros):
+            last, mask = j == len(micros) - 1, data["response_mask"][idx]
+            with self._sync_ctx(self.critic, last), self.accelerator.autocast():
+                v = self._forward_critic(data, idx)
+                vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
+                self.accelerator.backward(cfg.vf_coef * vf * weight)
+            add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
+        norm, skipped = self._clip_and_step(self.critic, self.critic_opt)
+        add("critic/nan_skipped", skipped)
+        if not skipped: add("critic/grad_norm", norm)
+    return stats
+
+@patch
+def update(self: RLTrainer, data):
+    "PPO epochs × mini-batches × micro-batches of actor (and critic) updates, the two roles side by side; -> mean statistics."
+    cfg, B = self.config, data["responses"].shape[0]
     self.actor.train()
     if self.critic is not None: self.critic.train()
-    for epoch in range(cfg.num_ppo_epochs):
-        perm = data["perm0"] if epoch == 0 else torch.randperm(B).to(data["perm0"].device)
+    perms = [data["perm0"]] + [torch.randperm(B).to(data["perm0"].device) for _ in range(1, cfg.num_ppo_epochs)]
+    plan = []                                                            # per mini-batch: [(rows, weight), ...] micro-batches
+    for perm in perms:
         for start in range(0, B, self.mini_batch_size):
             mb = perm[start:start + self.mini_batch_size]
-            micros = [c for c in torch.tensor_split(mb, cfg.gradient_accumulation_steps) if len(c)]
-            for j, idx in enumerate(micros):
-                last, weight = j == len(micros) - 1, len(idx) / len(mb)   # a filtered batch may leave uneven micro-batches
-                mask = data["response_mask"][idx]
-                with self._sync_ctx(self.actor, last), self.accelerator.autocast():
-                    lp, ent, v = self._forward_actor(data, idx, with_entropy=True)
-                    fresh = data["old_from_update"][idx]
-                    if fresh.any():                                      # first mini-batch: the old policy is the current one
-                        data["old_log_probs"][idx[fresh]] = lp.detach()[fresh].float()
-                        data["old_from_update"][idx[fresh]] = False
-                    pg, st = policy_loss(data["old_log_probs"][idx], lp, data["advantages"][idx], mask, cfg.cliprange,
-                                         cfg.cliprange_low, cfg.cliprange_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
-                    loss = pg
-                    if cfg.use_kl_loss and self.reference.active:
-                        kl = kl_penalty(lp, data["ref_log_probs"][idx], cfg.kl_estimator)
-                        kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
-                        loss = loss + self.kl_ctl.value * kl_loss; add("actor/kl_loss", kl_loss.detach())
-                    if cfg.entropy_coef: loss = loss - cfg.entropy_coef * agg_loss(ent, mask, cfg.loss_agg_mode)
-                    if v is not None:                                    # shared value head: one backward for both
-                        vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
-                        loss = loss + cfg.vf_coef * vf; add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
-                    self.accelerator.backward(loss * weight)
-                add("actor/pg_loss", pg.detach()); add("actor/entropy", masked_mean(ent, mask))
-                for k, x in st.items(): add(f"actor/{k}", x)
-                if self.critic is not None:
-                    with self._sync_ctx(self.critic, last), self.accelerator.autocast():
-                        v = self._forward_critic(data, idx)
-                        vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
-                        self.accelerator.backward(cfg.vf_coef * vf * weight)
-                    add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
-            norm, skipped = self._clip_and_step(self.actor, self.actor_opt)
-            add("actor/nan_skipped", skipped)
-            if not skipped: add("actor/grad_norm", norm)
-            if self.critic is not None:
-                norm, skipped = self._clip_and_step(self.critic, self.critic_opt)
-                add("critic/nan_skipped", skipped)
-                if not skipped: add("critic/grad_norm", norm)
+            plan.append([(c, len(c) / len(mb)) for c in torch.tensor_split(mb, cfg.gradient_accumulation_steps) if len(c)])
+    tasks = [lambda: self._update_actor(data, plan)]
+    if self.critic is not None: tasks.append(lambda: self._update_critic(data, plan))
+    stats = {}
+    for part in run_concurrently(tasks, self.roles_in_parallel): stats.update(part)
     self.actor_sched.step()
     if self.critic_sched is not None: self.critic_sched.step()
     return {k: sum(v) / len(v) for k, v in stats.items()}
