@@ -21,9 +21,10 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
-           'causal_lm_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule', 'make_generation_config',
-           'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw', 'run_concurrently',
-           'rollout_table', 'read_metrics', 'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
+           'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
+           'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
+           'prompt_groups', 'run_concurrently', 'rollout_table', 'loss_weights', 'read_metrics', 'CorruptCheckpoint',
+           'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -90,23 +91,42 @@ class Reference:
     def __repr__(self): return f"Reference({self.strategy}, extra_bytes={self.extra_bytes():,})"
 
 # %% ../nbs/02_ppo.ipynb #1c71df4e
-def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last):
+def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, groups=None):
     "Logits predicting the last `n_last` tokens: [B,T] inputs -> logits [B,n_last,V] (only those positions hit the LM head)."
+    if groups is not None:                                               # rows of one group share their first T-n_last tokens
+        uniq, inv = torch.unique(groups, return_inverse=True)
+        if len(uniq) < len(groups): return shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                 logits_to_keep=n_last + 1, use_cache=False)
     return out.logits[:, :-1]
 
+def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
+    "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
+    from transformers import DynamicCache
+    B, T = input_ids.shape; P = T - n_last
+    first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
+    cache = DynamicCache()
+    head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P], position_ids=position_ids[first, :P],
+                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+    for layer in cache.layers:                                           # [G,h,P,d] -> [B,h,P,d]; gradients sum back per group
+        layer.keys, layer.values = layer.keys[inv], layer.values[inv]
+    first_logits = head.logits[inv]                                      # [B,1,V]: predicts the first response token
+    if n_last == 1: return first_logits
+    tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, P:-1],
+                 past_key_values=cache, use_cache=True)
+    return torch.cat([first_logits, tail.logits], 1)                     # [B,n_last,V]
+
 @patch
 @torch.no_grad()
-def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0):
+def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0, groups=None):
     "Reference log-probs of `responses` (the last R tokens of `input_ids`): [B,T] -> [B,R]."
     if self.strategy == "none": raise ValueError("ref_strategy='none' has no reference log-probs")
     R = responses.shape[1]
     if self.strategy == "copy":
-        logits = causal_lm_logits(self.model, input_ids, attention_mask, position_ids, R)
+        logits = causal_lm_logits(self.model, input_ids, attention_mask, position_ids, R, groups)
     else:
         with self.policy.disable_adapter():
-            logits = causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, R)
+            logits = causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, R, groups)
     return logprobs_from_logits(logits, responses, temperature)
 
 # %% ../nbs/02_ppo.ipynb #2d13bb19
@@ -153,9 +173,9 @@ class ActorModule(nn.Module):
             self.v_head = nn.Linear(hidden, 1)
             nn.init.zeros_(self.v_head.weight); nn.init.zeros_(self.v_head.bias)
 
-    def forward(self, input_ids, attention_mask, position_ids, n_last):
+    def forward(self, input_ids, attention_mask, position_ids, n_last, groups=None):
         if self.v_head is None:
-            return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last), None
+            return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last, groups), None
         backbone, lm = _backbone_and_head(self.policy)
         h = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
         h = h[:, -n_last - 1:-1]
@@ -219,6 +239,8 @@ class PPOConfig:
     num_ppo_epochs: int = _f(2, "Passes of PPO updates over each batch of episodes.")
     max_prompt_length: int = _f(256, "Prompts longer than this (in tokens) are dropped from the dataset.")
     max_completion_length: int = _f(16, "Maximum new tokens per response.")
+    share_prompt_prefix: bool = _f(True, "With num_generations > 1: run each prompt once per group for the policy and reference "
+                                   "forwards and share its keys/values with the group's completions (same numbers, less work).")
     # sampling
     temperature: float = _f(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
@@ -491,7 +513,18 @@ def generate_sequences(self: RLTrainer, batch):
     with torch.no_grad(), self.accelerator.autocast():
         ro = generate_rollout(self.unwrapped_policy, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
                               self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
-    return {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
+    out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
+    G = self.config.num_generations
+    if G > 1 and self.config.share_prompt_prefix and self.critic_mode != "shared":
+        out["prompt_group"] = prompt_groups(ro["prompts"], ro["prompt_mask"], G)
+    return out
+
+def prompt_groups(prompts, prompt_mask, G):
+    "Group id per row [B] when every G consecutive rows hold one prompt (checked, not assumed), else None."
+    B = prompts.shape[0]
+    if B % G: return None
+    same = lambda x: bool((x.view(B // G, G, -1) == x[::G].unsqueeze(1)).all())
+    return torch.arange(B, device=prompts.device) // G if same(prompts) and same(prompt_mask) else None
 
 @patch
 def compute_scores(self: RLTrainer, data):
@@ -541,8 +574,9 @@ _ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 def _forward_actor(self: RLTrainer, data, idx=None, with_entropy=False, model=None):
     "Actor forward on rows `idx`: -> (log-probs [b,R], entropy [b,R] or None, values [b,R] or None)."
     d = data if idx is None else {k: data[k][idx] for k in _ROW_KEYS}
-    R = d["responses"].shape[1]
-    logits, values = (model or self.actor)(d["input_ids"], d["attention_mask"], d["position_ids"], R)
+    R, groups = d["responses"].shape[1], data.get("prompt_group")
+    if groups is not None and idx is not None: groups = groups[idx]
+    logits, values = (model or self.actor)(d["input_ids"], d["attention_mask"], d["position_ids"], R, groups=groups)
     lp, ent = logprobs_and_entropy(logits, d["responses"], self.config.temperature, with_entropy=with_entropy,
                                    entropy_grad=self.config.entropy_coef != 0)
     return lp, ent, values
@@ -582,7 +616,7 @@ def compute_log_probs_and_values(self: RLTrainer, data):
     def reference():
         with self.accelerator.autocast():
             out["ref_log_probs"] = self.reference.log_probs(data["input_ids"], data["attention_mask"], data["position_ids"],
-                                                            data["responses"], self.config.temperature)
+                                                            data["responses"], self.config.temperature, data.get("prompt_group"))
     tasks = [old_policy] + ([critic] if self.critic is not None else []) + ([reference] if self.reference.active else [])
     run_concurrently(tasks, self.roles_in_parallel)
     data.update(out)
@@ -639,37 +673,69 @@ def _clip_and_step(self: RLTrainer, model, opt):
     opt.zero_grad(set_to_none=True)
     return float(norm), skipped
 
+def loss_weights(chunks, response_mask, loss_agg_mode):
+    "Weights of per-chunk aggregated losses whose weighted sum is the loss over all the chunks' rows: token or row shares."
+    if loss_agg_mode == "token-mean": n = [float(response_mask[c].sum()) for c in chunks]          # share of the valid tokens
+    elif loss_agg_mode == "seq-mean-token-sum-norm": n = [float(len(c)) for c in chunks]          # share of all rows
+    else: n = [float((response_mask[c].sum(-1) > 0).sum()) for c in chunks]                       # share of rows with tokens
+    if sum(n) == 0: n = [float(len(c)) for c in chunks]                 # nothing valid anywhere: every loss is 0
+    return [x / sum(n) for x in n]
+
 @patch
-def _update_actor(self: RLTrainer, data, plan):
-    "The actor's PPO epochs (policy loss, KL/entropy terms, a shared value head's loss) -> lists of statistics."
+def _actor_micro_batch(self: RLTrainer, data, idx, weight, last):
+    "Forward, losses and backward of the actor on rows `idx`, loss scaled by `weight` -> statistics."
     cfg, stats = self.config, {}
     def add(k, v): stats.setdefault(k, []).append(float(v))
+    mask = data["response_mask"][idx]
+    with self._sync_ctx(self.actor, last), self.accelerator.autocast():
+        lp, ent, v = self._forward_actor(data, idx, with_entropy=True)
+        fresh = data["old_from_update"][idx]
+        if fresh.any():                                                  # first mini-batch: the old policy is the current one
+            data["old_log_probs"][idx[fresh]] = lp.detach()[fresh].float()
+            data["old_from_update"][idx[fresh]] = False
+        pg, st = policy_loss(data["old_log_probs"][idx], lp, data["advantages"][idx], mask, cfg.cliprange,
+                             cfg.cliprange_low, cfg.cliprange_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
+        loss = pg
+        if cfg.use_kl_loss and self.reference.active:
+            kl = kl_penalty(lp, data["ref_log_probs"][idx], cfg.kl_estimator)
+            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
+            loss = loss + self.kl_ctl.value * kl_loss; add("actor/kl_loss", kl_loss.detach())
+        if cfg.entropy_coef: loss = loss - cfg.entropy_coef * agg_loss(ent, mask, cfg.loss_agg_mode)
+        if v is not None:                                                # shared value head: one backward for both
+            vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
+            loss = loss + cfg.vf_coef * vf; add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
+        self.accelerator.backward(loss * weight)
+    add("actor/pg_loss", pg.detach()); add("actor/entropy", masked_mean(ent, mask))
+    for k, x in st.items(): add(f"actor/{k}", x)
+    return stats
+
+def _merge_stats(into, part):
+    for k, v in part.items(): into.setdefault(k, []).extend(v)
+    return into
+
+@patch
+def _update_actor(self: RLTrainer, data, plan):
+    "The actor's PPO epochs -> lists of statistics. Alone on a CPU (no separate critic), each micro-batch is halved over two threads."
+    halve = self.roles_in_parallel and self.critic is None
+    params = [p for p in self.actor.parameters() if p.requires_grad]
+    stats = {}
     for micros in plan:
         for j, (idx, weight) in enumerate(micros):
-            last, mask = j == len(micros) - 1, data["response_mask"][idx]
-            with self._sync_ctx(self.actor, last), self.accelerator.autocast():
-                lp, ent, v = self._forward_actor(data, idx, with_entropy=True)
-                fresh = data["old_from_update"][idx]
-                if fresh.any():                                          # first mini-batch: the old policy is the current one
-                    data["old_log_probs"][idx[fresh]] = lp.detach()[fresh].float()
-                    data["old_from_update"][idx[fresh]] = False
-                pg, st = policy_loss(data["old_log_probs"][idx], lp, data["advantages"][idx], mask, cfg.cliprange,
-                                     cfg.cliprange_low, cfg.cliprange_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
-                loss = pg
-                if cfg.use_kl_loss and self.reference.active:
-                    kl = kl_penalty(lp, data["ref_log_probs"][idx], cfg.kl_estimator)
-                    kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
-                    loss = loss + self.kl_ctl.value * kl_loss; add("actor/kl_loss", kl_loss.detach())
-                if cfg.entropy_coef: loss = loss - cfg.entropy_coef * agg_loss(ent, mask, cfg.loss_agg_mode)
-                if v is not None:                                        # shared value head: one backward for both
-                    vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
-                    loss = loss + cfg.vf_coef * vf; add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
-                self.accelerator.backward(loss * weight)
-            add("actor/pg_loss", pg.detach()); add("actor/entropy", masked_mean(ent, mask))
-            for k, x in st.items(): add(f"actor/{k}", x)
+            last = j == len(micros) - 1
+            if not halve or len(idx) < 2:
+                _merge_stats(stats, self._actor_micro_batch(data, idx, weight, last)); continue
+            halves = list(torch.tensor_split(idx.sort().values, 2))      # sorted: a group's rows stay together
+            ws = loss_weights(halves, data["response_mask"], self.config.loss_agg_mode)
+            saved = [p.grad for p in params] if j else None             # two fresh sums (a+b = b+a) keep the result exact
+            if saved:
+                for p in params: p.grad = None
+            parts = run_concurrently([lambda h=h, w=w: self._actor_micro_batch(data, h, weight * w, last) for h, w in zip(halves, ws)])
+            if saved:
+                for p, g in zip(params, saved):
+                    if g is not None: p.grad = g if p.grad is None else g.add_(p.grad)
+            for part in parts: _merge_stats(stats, part)
         norm, skipped = self._clip_and_step(self.actor, self.actor_opt)
-        add("actor/nan_skipped", skipped)
-        if not skipped: add("actor/grad_norm", norm)
+        _merge_stats(stats, {"actor/nan_skipped": [float(skipped)], **({} if skipped else {"actor/grad_norm": [norm]})})
     return stats
 
 @patch
@@ -701,7 +767,8 @@ def update(self: RLTrainer, data):
     for perm in perms:
         for start in range(0, B, self.mini_batch_size):
             mb = perm[start:start + self.mini_batch_size]
-            plan.append([(c, len(c) / len(mb)) for c in torch.tensor_split(mb, cfg.gradient_accumulation_steps) if len(c)])
+            chunks = [c for c in torch.tensor_split(mb, cfg.gradient_accumulation_steps) if len(c)]
+            plan.append(list(zip(chunks, loss_weights(chunks, data["response_mask"], cfg.loss_agg_mode))))
     tasks = [lambda: self._update_actor(data, plan)]
     if self.critic is not None: tasks.append(lambda: self._update_critic(data, plan))
     stats = {}
