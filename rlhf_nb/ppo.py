@@ -23,8 +23,8 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
            'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'prompt_groups', 'run_concurrently', 'rollout_table', 'loss_weights', 'read_metrics', 'CorruptCheckpoint',
-           'plot_metrics', 'ppo_main']
+           'prompt_groups', 'release_free_memory', 'run_concurrently', 'rollout_table', 'loss_weights', 'read_metrics',
+           'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -546,6 +546,17 @@ def compute_scores(self: RLTrainer, data):
 # %% ../nbs/02_ppo.ipynb #851bc65f
 import threading
 
+_LIBC = []
+def release_free_memory():
+    "Hand memory that malloc holds free back to the OS (glibc's `malloc_trim`); True if it did, False where unavailable."
+    if not _LIBC:
+        import ctypes, ctypes.util, platform
+        try: _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+                          if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" else None)
+        except (OSError, AttributeError): _LIBC.append(None)
+    if _LIBC[0] is None: return False
+    _LIBC[0](0); return True
+
 def run_concurrently(tasks, parallel=True):
     "Run independent no-argument callables, side by side in threads when `parallel`; -> their results, in order."
     tasks = list(tasks)
@@ -562,7 +573,7 @@ def run_concurrently(tasks, parallel=True):
         for t in threads: t.start()
         work(0)                                                        # the calling thread takes the first task
         for t in threads: t.join()
-    finally: torch.set_num_threads(n_threads)
+    finally: torch.set_num_threads(n_threads); release_free_memory()
     for e in errors:
         if e is not None: raise e
     return results
