@@ -21,9 +21,10 @@ __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'GRPO_DEFAULTS',
            'check_accelerate_config', 'launch_command', 'launch_env', 'register_subcommand', 'main', 'LaunchArgs',
            'DataArgs', 'check_model_path', 'check_dataset', 'resolve_dataset', 'with_defaults', 'grpo_config_class',
            'param_checksum', 'gather_checksums', 'write_json_atomic', 'rl_trainer_class', 'run_rl', 'data_parallel_dpo',
-           'run_dpo', 'register_algorithm', 'parse_train_args', 'train_main', 'relaunch', 'save_atomic', 'load_split',
-           'SFTArgs', 'sft_main', 'RMArgs', 'rm_main', 'EvalArgs', 'eval_main', 'PlotArgs', 'plot_runs', 'plot_main',
-           'DemoArgs', 'demo_rl_config', 'plot_demo', 'run_demo', 'demo_main', 'ParityReward', 'rl_throughput']
+           'run_dpo', 'register_algorithm', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch',
+           'save_atomic', 'load_split', 'SFTArgs', 'sft_main', 'RMArgs', 'rm_main', 'EvalArgs', 'eval_main', 'PlotArgs',
+           'plot_runs', 'plot_main', 'DemoArgs', 'demo_rl_config', 'plot_demo', 'run_demo', 'demo_main', 'ParityReward',
+           'rl_throughput']
 
 # %% ../nbs/04_launch.ipynb #1ecc1831
 import argparse, yaml
@@ -497,12 +498,21 @@ def _arg_types(algo):
                                                        for f in dataclasses.fields(DataArgs) if f.name not in names])
     return cfg_cls, data_cls, LaunchArgs
 
+def check_output_dir(path):
+    "Refuse, before any work, an output folder that cannot be one: the path or one of its parents is a file."
+    if not path: return
+    p = Path(path)
+    if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+
 def parse_train_args(algo, argv):
     "Parse and check the options of training subcommand `algo`: -> (config, data_args, launch_args)."
     cfg_cls, data_cls, launch_cls = _arg_types(algo)
     doc = (cfg_cls.__doc__ or "").split("\n")[0]
     cfg, data_args, largs = parse_config((cfg_cls, data_cls, launch_cls), argv, prog=f"rlhf-nb {algo}", description=doc)
     check_model_path(getattr(cfg, "model_name_or_path", "tiny"))
+    check_output_dir(getattr(cfg, "output_dir", None))
     if algo in ("ppo", "grpo"):
         for spec in (cfg.dataset, cfg.eval_dataset): check_dataset(spec)
     if largs.accelerate_config is None:
@@ -932,6 +942,7 @@ def _peak_tflops(name, override=None):
 class ParityReward:
     "Synthetic reward for throughput runs: the fraction of even token ids in each response, on its last token."
     def __call__(self, batch):
+        import torch
         resp, mask = batch["responses"], batch["response_mask"].float()
         s = ((resp % 2 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
         out = torch.zeros_like(mask)

@@ -124,9 +124,6 @@ def test_group_size_not_dividing_the_batch(name):
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dpo"])
-@needs("launch engineer", "parse_train_args (or run_rl/run_dpo before any work): '--output_dir X exists and is not a "
-       "folder' like sft/rm's _fresh_output_dir; today ppo/grpo/dpo end with '[Errno 17] File exists: X' after building "
-       "models (DPO: after building pairs and reference log-probs)")
 def test_output_dir_is_a_file(run, tmp_path, algo):
     f = tmp_path / "out"; f.write_text("my notes")
     args = TINY if algo == "ppo" else TINY_DPO
