@@ -19,7 +19,7 @@ __all__ = ['GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'DPO_LOSS_TYPES', 'REF_ST
            'discounted_returns', 'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'aggregate_loss',
            'grpo_policy_loss', 'informative_groups', 'dpo_loss', 'encode_pair', 'collate_pairs', 'sequence_logps',
            'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows', 'DPOLoop',
-           'dpo_checkpoints', 'dpo_data', 'dpo_train', 'PipelineArguments', 'TRLPipeline', 'register_trl_pipeline',
+           'dpo_checkpoints', 'dpo_data', 'dpo_train', 'pipeline_arguments', 'TRLPipeline', 'register_trl_pipeline',
            'get_trl_pipeline', 'parse_trl_args', 'load_model_and_tokenizer', 'pipeline_rows', 'pipeline_datasets',
            'default_reward_funcs', 'trl_pipeline', 'log_history_series', 'plot_trl_dynamics', 'GRPOConfig',
            'select_rows', 'GroupRLTrainer', 'run_grpo']
@@ -456,8 +456,9 @@ def _open_run(self: DPOLoop):
     path, keep = out / "metrics.jsonl", []
     if self.step and path.exists():
         keep = [r for r in map(json.loads, path.read_text().splitlines()) if r.get("step", 0) <= self.step]
-    tmp = out / ".metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
+    if _rank_world(self)[0] == 0:                                        # one writer: other ranks would wipe its first rows
+        tmp = out / ".metrics.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
     self.history = keep
 
 def _rank_world(loop):
@@ -645,22 +646,37 @@ def dpo_train(config, model=None, tokenizer=None):
             "final_model": loop.save(), "output_dir": config.output_dir, "history": loop.history}
 
 # %% ../nbs/03_dpo_grpo.ipynb #7152c105
-import trl
+import functools, importlib
 from transformers import HfArgumentParser
 
-@dataclass
-class PipelineArguments(trl.ScriptArguments):
-    "TRL's `ScriptArguments` plus where rlhf-nb finds rows: a preprocessor name (arith, gsm8k, math, hh-rlhf), a parquet file or a hub dataset."
-    dataset_name: str | None = field(default="arith", metadata={"help": "rlhf-nb preprocessor (arith, gsm8k, math, hh-rlhf), a parquet file/dir of rows, or a hub dataset in TRL's columns."})
-    dataset_source: str | None = field(default=None, metadata={"help": "Local file or folder the preprocessor reads (None = the hub)."})
-    num_train_rows: int | None = field(default=None, metadata={"help": "Keep this many training rows (arith: generate this many)."})
-    num_eval_rows: int | None = field(default=None, metadata={"help": "Keep this many eval rows (arith: generate this many)."})
+def _trl():
+    "TRL, imported on first use: it pulls in peft, datasets and pandas (~240 MB, seconds), which the native trainers never need."
+    import trl
+    return trl
+
+@functools.cache
+def pipeline_arguments():
+    "The `PipelineArguments` dataclass (built on first use, as it subclasses TRL's `ScriptArguments`)."
+    @dataclass
+    class PipelineArguments(_trl().ScriptArguments):
+        "TRL's `ScriptArguments` plus where rlhf-nb finds rows: a preprocessor name (arith, gsm8k, math, hh-rlhf), a parquet file or a hub dataset."
+        dataset_name: str | None = field(default="arith", metadata={"help": "rlhf-nb preprocessor (arith, gsm8k, math, hh-rlhf), a parquet file/dir of rows, or a hub dataset in TRL's columns."})
+        dataset_source: str | None = field(default=None, metadata={"help": "Local file or folder the preprocessor reads (None = the hub)."})
+        num_train_rows: int | None = field(default=None, metadata={"help": "Keep this many training rows (arith: generate this many)."})
+        num_eval_rows: int | None = field(default=None, metadata={"help": "Keep this many eval rows (arith: generate this many)."})
+    PipelineArguments.__module__ = __name__
+    return PipelineArguments
+
+def __getattr__(name):
+    "`rlhf_nb.dpo_grpo.PipelineArguments` still works: built when first asked for."
+    if name == "PipelineArguments": return pipeline_arguments()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 @dataclass
 class TRLPipeline:
-    "One registry entry: TRL's config and trainer classes, and the converter from rlhf-nb rows to its columns."
-    config_class: type
-    trainer_class: type
+    "One registry entry: TRL's config and trainer classes (or 'module.Name' paths, imported on first use), and the row converter."
+    config_class: type | str
+    trainer_class: type | str
     to_dataset: callable
     row_kind: str                       # rows it needs: 'sft', 'pref' or 'rl'
     needs_rewards: bool = False
@@ -671,21 +687,29 @@ def register_trl_pipeline(name, config_class, trainer_class, to_dataset, row_kin
     "Register (or overwrite) the TRL trainer `name` (e.g. 'SFT') for `trl_pipeline`."
     TRL_PIPELINES[name.upper()] = TRLPipeline(config_class, trainer_class, to_dataset, row_kind, needs_rewards)
 
+def _resolve(obj):
+    "A class, or the class named by a 'module.Name' path."
+    if not isinstance(obj, str): return obj
+    mod, _, name = obj.rpartition(".")
+    return getattr(importlib.import_module(mod), name)
+
 def get_trl_pipeline(name):
-    "The registry entry for `name` (case-insensitive); unknown names list the known ones."
+    "The registry entry for `name` (case-insensitive), its classes imported; unknown names list the known ones."
     if name.upper() not in TRL_PIPELINES:
         raise KeyError(f"unknown TRL pipeline {name!r}; registered: {', '.join(TRL_PIPELINES)}")
-    return TRL_PIPELINES[name.upper()]
+    e = TRL_PIPELINES[name.upper()]
+    e.config_class, e.trainer_class = _resolve(e.config_class), _resolve(e.trainer_class)
+    return e
 
 def _data_converters():
     from rlhf_nb.data import to_trl_sft, to_trl_dpo, to_trl_grpo
     return to_trl_sft, to_trl_dpo, to_trl_grpo
 
 _sft, _dpo, _grpo = _data_converters()
-register_trl_pipeline("SFT", trl.SFTConfig, trl.SFTTrainer, _sft, "sft")
-register_trl_pipeline("DPO", trl.DPOConfig, trl.DPOTrainer, _dpo, "pref")
-register_trl_pipeline("GRPO", trl.GRPOConfig, trl.GRPOTrainer, _grpo, "rl", needs_rewards=True)
-register_trl_pipeline("RLOO", trl.RLOOConfig, trl.RLOOTrainer, _grpo, "rl", needs_rewards=True)
+register_trl_pipeline("SFT", "trl.SFTConfig", "trl.SFTTrainer", _sft, "sft")
+register_trl_pipeline("DPO", "trl.DPOConfig", "trl.DPOTrainer", _dpo, "pref")
+register_trl_pipeline("GRPO", "trl.GRPOConfig", "trl.GRPOTrainer", _grpo, "rl", needs_rewards=True)
+register_trl_pipeline("RLOO", "trl.RLOOConfig", "trl.RLOOTrainer", _grpo, "rl", needs_rewards=True)
 
 # %% ../nbs/03_dpo_grpo.ipynb #8627441e
 def _cpu_defaults():
@@ -695,8 +719,8 @@ def _cpu_defaults():
 
 def parse_trl_args(name, args=None, config=None, **overrides):
     "(ScriptArguments, <Trainer>Config, ModelConfig) for pipeline `name` from YAML `config`, CLI `args` and `overrides`."
-    entry = get_trl_pipeline(name)
-    parser = trl.TrlParser((PipelineArguments, entry.config_class, trl.ModelConfig))
+    entry, trl = get_trl_pipeline(name), _trl()
+    parser = trl.TrlParser((pipeline_arguments(), entry.config_class, trl.ModelConfig))
     parser.set_defaults(report_to="none", output_dir=f"runs/trl_{name.lower()}", model_name_or_path="tiny", **_cpu_defaults())
     argv = list(args or [])
     if config is not None:
@@ -715,6 +739,7 @@ def parse_trl_args(name, args=None, config=None, **overrides):
 def load_model_and_tokenizer(model_args, model=None, tokenizer=None):
     "The policy and its chat-ready tokenizer from a `trl.ModelConfig` (either may be passed in ready-made)."
     from rlhf_nb.models import load_tokenizer, load_causal_lm, ensure_chat_ready
+    trl = _trl()
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not torch.cuda.is_available():
         raise ValueError("load_in_4bit / load_in_8bit (bitsandbytes quantisation) need a CUDA GPU; this machine has none")
     name = model_args.model_name_or_path or getattr(model, "name_or_path", None)
@@ -800,7 +825,7 @@ def trl_pipeline(name, args=None, *, config=None, model=None, tokenizer=None, tr
     script_args, train_args, model_args = parse_trl_args(name, args, config, **overrides)
     model, tokenizer = load_model_and_tokenizer(model_args, model, tokenizer)
     train_ds, eval_ds = pipeline_datasets(entry, script_args, train_dataset, eval_dataset, seed=train_args.seed)
-    peft_config = trl.get_peft_config(model_args)
+    peft_config = _trl().get_peft_config(model_args)
     if getattr(train_args, "beta", 0.0) != 0.0 and peft_config is None:        # TRL will build a reference copy
         model = _reloadable(model, tokenizer, train_args.output_dir)
     kwargs = dict(model=model, args=train_args, train_dataset=train_ds, eval_dataset=eval_ds,
@@ -912,9 +937,9 @@ class GroupRLTrainer(RLTrainer):
         "One RL step (see `RLTrainer.step`), with score statistics of the whole sampled batch."
         m = super().step()
         s = self._batch_scores.float()
-        stats = torch.stack([s.mean(), s.max()])
-        if self.world > 1: stats = self.accelerator.reduce(stats.to(self.accelerator.device), "mean")
-        m["score/mean"], m["score/max"] = float(stats[0]), float(stats[1])
+        stats = torch.stack([s.mean(), s.max()])[None]                 # [1,2]
+        if self.world > 1: stats = self.accelerator.gather(stats.to(self.accelerator.device))   # [world,2]
+        m["score/mean"], m["score/max"] = float(stats[:, 0].mean()), float(stats[:, 1].max())
         return m
 
 # %% ../nbs/03_dpo_grpo.ipynb #38fc0e05

@@ -23,8 +23,8 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
            'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'prompt_groups', 'release_free_memory', 'run_concurrently', 'rollout_table', 'loss_weights', 'read_metrics',
-           'CorruptCheckpoint', 'plot_metrics', 'ppo_main']
+           'prompt_groups', 'release_free_memory', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights',
+           'read_metrics', 'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -636,6 +636,19 @@ def compute_log_probs_and_values(self: RLTrainer, data):
 
 # %% ../nbs/02_ppo.ipynb #e7c482cc
 @patch
+def _whiten(self: RLTrainer, x, mask, shift_mean=True, eps=1e-8):
+    "`masked_whiten` over the valid tokens of every process (under DDP: one all-reduce of their sum, sum of squares and count)."
+    if self.world == 1: return masked_whiten(x, mask, shift_mean, eps)
+    m = mask.to(x.dtype)
+    s = self.accelerator.reduce(torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()]), "sum")
+    n = s[2]
+    if n < 2: raise ValueError(f"whitening needs at least 2 valid tokens over all processes, got {int(n)}")
+    mean = s[0] / n
+    var = (s[1] / n - mean ** 2).clamp_min(0) * n / (n - 1)             # Bessel-corrected, as masked_var
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return out if shift_mean else out + mean
+
+@patch
 def compute_advantages(self: RLTrainer, data):
     "Token rewards (score − β·KL unless the KL is in the loss), then advantages/returns from the registered estimator."
     cfg, mask = self.config, data["response_mask"]
@@ -645,10 +658,10 @@ def compute_advantages(self: RLTrainer, data):
     else:
         data["token_level_rewards"] = data["token_level_scores"] * mask
     rewards = data["token_level_rewards"]
-    if cfg.whiten_rewards: rewards = masked_whiten(rewards, mask, shift_mean=False) * mask
+    if cfg.whiten_rewards: rewards = self._whiten(rewards, mask, shift_mean=False) * mask
     adv, ret = _ensure_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
                                                     gamma=cfg.gamma, lam=cfg.lam)
-    if cfg.whiten_advantages: adv = masked_whiten(adv, mask) * mask
+    if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
     data["advantages"], data["returns"] = adv, ret
     return data
 
@@ -684,13 +697,18 @@ def _clip_and_step(self: RLTrainer, model, opt):
     opt.zero_grad(set_to_none=True)
     return float(norm), skipped
 
-def loss_weights(chunks, response_mask, loss_agg_mode):
-    "Weights of per-chunk aggregated losses whose weighted sum is the loss over all the chunks' rows: token or row shares."
-    if loss_agg_mode == "token-mean": n = [float(response_mask[c].sum()) for c in chunks]          # share of the valid tokens
-    elif loss_agg_mode == "seq-mean-token-sum-norm": n = [float(len(c)) for c in chunks]          # share of all rows
-    else: n = [float((response_mask[c].sum(-1) > 0).sum()) for c in chunks]                       # share of rows with tokens
-    if sum(n) == 0: n = [float(len(c)) for c in chunks]                 # nothing valid anywhere: every loss is 0
-    return [x / sum(n) for x in n]
+def agg_units(response_mask, loss_agg_mode):
+    "What a loss aggregation averages over, counted in `response_mask`[b,R]: valid tokens, all rows, or rows with a token."
+    if loss_agg_mode == "token-mean": return float(response_mask.sum())
+    if loss_agg_mode == "seq-mean-token-sum-norm": return float(response_mask.shape[0])
+    return float((response_mask.sum(-1) > 0).sum())
+
+def loss_weights(chunks, response_mask, loss_agg_mode, total=None):
+    "Weights of per-chunk aggregated losses whose weighted sum is the loss over `total` units (default: all the chunks')."
+    n = [agg_units(response_mask[c], loss_agg_mode) for c in chunks]
+    total = sum(n) if total is None else total
+    if total == 0: n, total = [float(len(c)) for c in chunks], float(sum(len(c) for c in chunks))   # nothing valid: losses are 0
+    return [x / total for x in n]
 
 @patch
 def _actor_micro_batch(self: RLTrainer, data, idx, weight, last):
@@ -774,12 +792,14 @@ def update(self: RLTrainer, data):
     self.actor.train()
     if self.critic is not None: self.critic.train()
     perms = [data["perm0"]] + [torch.randperm(B).to(data["perm0"].device) for _ in range(1, cfg.num_ppo_epochs)]
-    plan = []                                                            # per mini-batch: [(rows, weight), ...] micro-batches
-    for perm in perms:
-        for start in range(0, B, self.mini_batch_size):
-            mb = perm[start:start + self.mini_batch_size]
-            chunks = [c for c in torch.tensor_split(mb, cfg.gradient_accumulation_steps) if len(c)]
-            plan.append(list(zip(chunks, loss_weights(chunks, data["response_mask"], cfg.loss_agg_mode))))
+    mask, mode = data["response_mask"], cfg.loss_agg_mode
+    chunked = [[c for c in torch.tensor_split(perm[s:s + self.mini_batch_size], cfg.gradient_accumulation_steps) if len(c)]
+               for perm in perms for s in range(0, B, self.mini_batch_size)]       # per mini-batch: its micro-batches' rows
+    totals = [None] * len(chunked)
+    if self.world > 1:             # DDP averages gradients over processes: weigh each by its share of the units of all of them
+        units = torch.tensor([sum(agg_units(mask[c], mode) for c in chunks) for chunks in chunked], device=mask.device)
+        totals = (self.accelerator.reduce(units, "sum") / self.world).tolist()
+    plan = [list(zip(chunks, loss_weights(chunks, mask, mode, t))) for chunks, t in zip(chunked, totals)]
     tasks = [lambda: self._update_actor(data, plan)]
     if self.critic is not None: tasks.append(lambda: self._update_critic(data, plan))
     stats = {}
@@ -980,6 +1000,14 @@ def _load_checkpoint(self: RLTrainer, path):
 # %% ../nbs/02_ppo.ipynb #e1df0f9e
 def _seq_mean(x, mask): return float(((x * mask).sum(-1)).mean())
 
+def merge_rank_metrics(per_rank):
+    "One metrics dict from each process's: `*/max` keys take the max, `*/min` the min, the rest the mean (over ranks that have the key)."
+    out = {}
+    for k in set().union(*per_rank):
+        vals = [r[k] for r in per_rank if k in r]
+        out[k] = max(vals) if k.endswith("/max") else min(vals) if k.endswith("/min") else sum(vals) / len(vals)
+    return out
+
 @patch
 def step(self: RLTrainer):
     "One RL step: rollout → rewards → log-probs/values → advantages → update. Returns this step's metrics."
@@ -1002,10 +1030,9 @@ def step(self: RLTrainer):
     if "values" in data: m["critic/values"] = float(masked_mean(data["values"], mask)); m["critic/returns"] = float(masked_mean(data["returns"], mask))
     m.update({f"reward/{k}": float(v) for k, v in (rm_metrics or {}).items() if isinstance(v, (int, float)) or torch.is_tensor(v) and v.numel() == 1})
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
-    if self.world > 1:                                                   # mean over ranks, key by key (sets may differ)
+    if self.world > 1:
         from accelerate.utils import gather_object
-        per_rank = gather_object([m])
-        m = {k: sum(r[k] for r in per_rank if k in r) / sum(k in r for r in per_rank) for k in set().union(*per_rank)}
+        m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl:
         self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     return m
@@ -1075,7 +1102,7 @@ def fit(self: RLTrainer):
             raise ValueError(f"loss was NaN/inf in {nan_streak} consecutive steps (last: step {self.global_step}); "
                              "lower learning_rate or check the rewards")
         bar.update(1)
-        bar.set_postfix({k.split("/")[-1]: round(m[k], 3) for k in ("score/mean", "kl/mean", "eval/accuracy") if k in m})
+        bar.set_postfix({short: round(m[k], 3) for k, short in (("score/mean", "score"), ("kl/mean", "kl"), ("eval/accuracy", "acc")) if k in m})
         want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
         saved = want_save and not nan_streak                             # a save due in a NaN streak waits for a clean step
         if saved: self.save_checkpoint(); want_save = False

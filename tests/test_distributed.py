@@ -132,8 +132,7 @@ def test_grpo_two_processes(tmp_path):
 # --- PPO ------------------------------------------------------------------------------------------------------
 
 def ppo_args(out, per_device, source):
-    # whitening is per rank (local batch statistics) and a token-mean differs from the mean of per-rank token-means
-    # when token counts differ; with both off, 2 processes must compute exactly the 1-process update
+    # a mean of per-sequence means and no whitening: 2 processes compute the 1-process update with no cross-rank statistics
     return ["ppo", "--output_dir", out, "--per_device_train_batch_size", per_device, "--max_steps", 3,
             "--dataset", "rows", "--dataset_source", source, "--data_dir", "data",
             "--max_completion_length", 8, "--eval_steps", 0, "--learning_rate", 1e-3,
@@ -153,8 +152,25 @@ def test_ppo_two_processes(tmp_path):
     check_matches_one_process(two, one, p2, p1, "critic/vf_loss", initial_policy_params())
 
 
+def ppo_default_args(out, per_device, source):
+    "PPO's defaults: a token-mean loss and advantage whitening, both over the global batch."
+    a = ppo_args(out, per_device, source)
+    for flag in ("--whiten_advantages", "--loss_agg_mode"):
+        i = a.index(flag); del a[i:i + 2]
+    return a
+
+
+def test_ppo_defaults_match_one_process(tmp_path):
+    "Token-mean weights and whitening statistics are global, so with PPO's defaults 2 processes still equal 1 process."
+    src = digit_rows(tmp_path / "rows.jsonl")
+    _, two, p2 = run_worker(tmp_path / "rec2", ppo_default_args("out2", 4, src), 2)
+    check_two_ranks(two, p2, n_per_rank=4)
+    _, one, p1 = run_worker(tmp_path / "rec1", ppo_default_args("out1", 8, src), 1)
+    check_matches_one_process(two, one, p2, p1, "score/mean", initial_policy_params())
+
+
 def test_ppo_defaults_keep_ranks_identical(tmp_path):
-    "With the default (per-rank) advantage whitening the run differs from 1 process, but the ranks never diverge."
+    "PPO's defaults with each rank sampling its own responses: the ranks never diverge."
     args = ["ppo", "--output_dir", "out", "--per_device_train_batch_size", 4, "--max_steps", 2, "--max_completion_length", 8,
             "--arith_train_size", 64, "--eval_steps", 0, "--disable_tqdm", "true", "--save_final", "false"]
     _, two, p2 = run_worker(tmp_path / "rec", args, 2, seeded=False)
