@@ -23,8 +23,8 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
            'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'prompt_groups', 'release_free_memory', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights',
-           'read_metrics', 'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
+           'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights', 'read_metrics',
+           'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -546,17 +546,6 @@ def compute_scores(self: RLTrainer, data):
 # %% ../nbs/02_ppo.ipynb #851bc65f
 import threading
 
-_LIBC = []
-def release_free_memory():
-    "Hand memory that malloc holds free back to the OS (glibc's `malloc_trim`); True if it did, False where unavailable."
-    if not _LIBC:
-        import ctypes, ctypes.util, platform
-        try: _LIBC.append(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-                          if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc" else None)
-        except (OSError, AttributeError): _LIBC.append(None)
-    if _LIBC[0] is None: return False
-    _LIBC[0](0); return True
-
 def run_concurrently(tasks, parallel=True):
     "Run independent no-argument callables, side by side in threads when `parallel`; -> their results, in order."
     tasks = list(tasks)
@@ -573,7 +562,7 @@ def run_concurrently(tasks, parallel=True):
         for t in threads: t.start()
         work(0)                                                        # the calling thread takes the first task
         for t in threads: t.join()
-    finally: torch.set_num_threads(n_threads); release_free_memory()
+    finally: torch.set_num_threads(n_threads)
     for e in errors:
         if e is not None: raise e
     return results
@@ -743,51 +732,49 @@ def _merge_stats(into, part):
     return into
 
 @patch
-def _update_actor(self: RLTrainer, data, plan):
-    "The actor's PPO epochs -> lists of statistics. Alone on a CPU (no separate critic), each micro-batch is halved over two threads."
-    halve = self.roles_in_parallel and self.critic is None
-    params = [p for p in self.actor.parameters() if p.requires_grad]
+def _critic_micro_batch(self: RLTrainer, data, idx, weight, last):
+    "Forward, clipped value loss and backward of a separate critic on rows `idx`, loss scaled by `weight` -> statistics."
+    cfg, mask = self.config, data["response_mask"][idx]
+    with self._sync_ctx(self.critic, last), self.accelerator.autocast():
+        v = self._forward_critic(data, idx)
+        vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
+        self.accelerator.backward(cfg.vf_coef * vf * weight)
+    return {"critic/vf_loss": [float(vf.detach())], "critic/vf_clipfrac": [float(vclip)]}
+
+def _halves(idx, response_mask, loss_agg_mode):
+    "Rows `idx` in two sorted halves (a group's rows stay together) and the loss weight of each."
+    if len(idx) < 2: return [idx], [1.0]
+    halves = list(torch.tensor_split(idx.sort().values, 2))
+    return halves, loss_weights(halves, response_mask, loss_agg_mode)
+
+@patch
+def _role_epochs(self: RLTrainer, role, data, plan, halve=False):
+    "The PPO epochs of `role` ('actor' or 'critic'): micro-batches (each halved over two threads when `halve`), one step per mini-batch."
+    model, opt = (self.actor, self.actor_opt) if role == "actor" else (self.critic, self.critic_opt)
+    micro = self._actor_micro_batch if role == "actor" else self._critic_micro_batch
+    params = [p for p in model.parameters() if p.requires_grad]
     stats = {}
     for micros in plan:
         for j, (idx, weight) in enumerate(micros):
             last = j == len(micros) - 1
             if not halve or len(idx) < 2:
-                _merge_stats(stats, self._actor_micro_batch(data, idx, weight, last)); continue
-            halves = list(torch.tensor_split(idx.sort().values, 2))      # sorted: a group's rows stay together
-            ws = loss_weights(halves, data["response_mask"], self.config.loss_agg_mode)
+                _merge_stats(stats, micro(data, idx, weight, last)); continue
+            halves, ws = _halves(idx, data["response_mask"], self.config.loss_agg_mode)
             saved = [p.grad for p in params] if j else None             # two fresh sums (a+b = b+a) keep the result exact
             if saved:
                 for p in params: p.grad = None
-            parts = run_concurrently([lambda h=h, w=w: self._actor_micro_batch(data, h, weight * w, last) for h, w in zip(halves, ws)])
+            parts = run_concurrently([lambda h=h, w=w: micro(data, h, weight * w, last) for h, w in zip(halves, ws)])
             if saved:
                 for p, g in zip(params, saved):
                     if g is not None: p.grad = g if p.grad is None else g.add_(p.grad)
             for part in parts: _merge_stats(stats, part)
-        norm, skipped = self._clip_and_step(self.actor, self.actor_opt)
-        _merge_stats(stats, {"actor/nan_skipped": [float(skipped)], **({} if skipped else {"actor/grad_norm": [norm]})})
-    return stats
-
-@patch
-def _update_critic(self: RLTrainer, data, plan):
-    "A separate critic's epochs of clipped value-loss steps -> lists of statistics."
-    cfg, stats = self.config, {}
-    def add(k, v): stats.setdefault(k, []).append(float(v))
-    for micros in plan:
-        for j, (idx, weight) in enumerate(micros):
-            last, mask = j == len(micros) - 1, data["response_mask"][idx]
-            with self._sync_ctx(self.critic, last), self.accelerator.autocast():
-                v = self._forward_critic(data, idx)
-                vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
-                self.accelerator.backward(cfg.vf_coef * vf * weight)
-            add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
-        norm, skipped = self._clip_and_step(self.critic, self.critic_opt)
-        add("critic/nan_skipped", skipped)
-        if not skipped: add("critic/grad_norm", norm)
+        norm, skipped = self._clip_and_step(model, opt)
+        _merge_stats(stats, {f"{role}/nan_skipped": [float(skipped)], **({} if skipped else {f"{role}/grad_norm": [norm]})})
     return stats
 
 @patch
 def update(self: RLTrainer, data):
-    "PPO epochs × mini-batches × micro-batches of actor (and critic) updates, the two roles side by side; -> mean statistics."
+    "PPO epochs × mini-batches × micro-batches of actor (and critic) updates (side by side on a CPU); -> mean statistics."
     cfg, B = self.config, data["responses"].shape[0]
     self.actor.train()
     if self.critic is not None: self.critic.train()
@@ -800,10 +787,13 @@ def update(self: RLTrainer, data):
         units = torch.tensor([sum(agg_units(mask[c], mode) for c in chunks) for chunks in chunked], device=mask.device)
         totals = (self.accelerator.reduce(units, "sum") / self.world).tolist()
     plan = [list(zip(chunks, loss_weights(chunks, mask, mode, t))) for chunks, t in zip(chunked, totals)]
-    tasks = [lambda: self._update_actor(data, plan)]
-    if self.critic is not None: tasks.append(lambda: self._update_critic(data, plan))
+    roles = ["actor"] + (["critic"] if self.critic is not None else [])
     stats = {}
-    for part in run_concurrently(tasks, self.roles_in_parallel): stats.update(part)
+    if self.roles_in_parallel and len(roles) == 2:       # side by side, each role in half micro-batches: the two live graphs
+        halved = [[(h, w * wh) for idx, w in micros for h, wh in zip(*_halves(idx, mask, mode))] for micros in plan]
+        for part in run_concurrently([lambda r=r: self._role_epochs(r, data, halved) for r in roles]): _merge_stats(stats, part)
+    else:                                                # together hold what one full micro-batch does
+        for r in roles: _merge_stats(stats, self._role_epochs(r, data, plan, halve=self.roles_in_parallel))
     self.actor_sched.step()
     if self.critic_sched is not None: self.critic_sched.step()
     return {k: sum(v) / len(v) for k, v in stats.items()}
