@@ -83,7 +83,9 @@ def listing(folder):
 def test_config_file_alone_gives_one_rank_without_accelerate_use_cpu(tmp_path):
     "Why rlhf-nb sets ACCELERATE_USE_CPU itself: a bare script under the MULTI_GPU+use_cpu file sees world size 1."
     probe = tmp_path / "probe.py"
-    probe.write_text("from accelerate import Accelerator\nprint('WORLD', Accelerator().num_processes, flush=True)\n")
+    # one write() per line: two processes share the pipe, and print's separate writes can interleave ("WORLDWORLD 1")
+    probe.write_text("import os\nfrom accelerate import Accelerator\n"
+                     "os.write(1, f'WORLD {Accelerator().num_processes}\\n'.encode())\n")
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU2), str(probe)]
     bare = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=ENV)
     fixed = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env={**ENV, "ACCELERATE_USE_CPU": "1"})
