@@ -405,7 +405,7 @@ def init_workers(self: RLTrainer):
         path = cfg.model_name_or_path
         if path == "tiny" and cfg.warm_start_dir:
             from rlhf_nb.sft import sft_warm_start
-            with acc.main_process_first(): path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed)
+            with acc.main_process_first(): path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
         if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left")
         if self.policy is None:
             set_seed(cfg.seed)
