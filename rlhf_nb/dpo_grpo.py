@@ -471,9 +471,9 @@ def _barrier(world):
         dist.barrier()
 
 def dpo_checkpoints(output_dir):
-    "Checkpoint folders `checkpoint-N` in `output_dir`, oldest first (temporary folders are not checkpoints)."
-    cps = [p for p in Path(output_dir).glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return sorted(cps, key=lambda p: int(p.name.split("-")[-1]))
+    "Checkpoint folders `checkpoint-N` in `output_dir`, oldest first (temporary folders are not checkpoints): the RL trainer's rule."
+    from rlhf_nb.ppo import _checkpoints
+    return _checkpoints(output_dir)
 
 @patch
 def save_checkpoint(self: DPOLoop):

@@ -515,7 +515,7 @@ def generate_sequences(self: RLTrainer, batch):
                               self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
     G = self.config.num_generations
-    if G > 1 and self.config.share_prompt_prefix and self.critic_mode != "shared":
+    if G > 1 and self.config.share_prompt_prefix:
         out["prompt_group"] = prompt_groups(ro["prompts"], ro["prompt_mask"], G)
     return out
 

@@ -258,21 +258,11 @@ def test_trl_reward_func_failures_are_logged(caplog):
     assert out == [1.0, 0.0] and "sample 1 (data_source='arith') failed: ZeroDivisionError: bad luck" in caplog.text
 
 
-class EvenTokens:
-    "A dense batch reward for an untrained policy: the fraction of even token ids, on each response's last token."
-    def __call__(self, batch):
-        resp, mask = batch["responses"], batch["response_mask"].float()
-        s = ((resp % 2 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
-        out = torch.zeros_like(mask)
-        out[torch.arange(len(s)), (mask.sum(-1).long() - 1).clamp_min(0)] = s
-        return out, {"even/mean": float(s.mean())}
-
-
 def tiny_trainer(tmp_path, reward_manager=None, **kw):
     from rlhf_nb.ppo import PPOConfig, RLTrainer
     cfg = PPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, mini_batch_size=4, max_completion_length=4,
                     arith_train_size=8, eval_steps=0, disable_tqdm=True, save_final=False, seed=0, **kw)
-    return RLTrainer(cfg, reward_manager=reward_manager or EvenTokens()).init_workers()
+    return RLTrainer(cfg, reward_manager=reward_manager or launch.ParityReward()).init_workers()
 
 
 def test_reward_function_that_raises_inside_training_costs_the_score_not_the_run(tmp_path, caplog):
