@@ -202,8 +202,8 @@ def collate_pairs(encoded, pad_token_id):
 def sequence_logps(model, input_ids, attention_mask, completion_mask):
     "Sum of log pi(token | prefix) over completion tokens only. [N,L] -> [N]"
     first = int(completion_mask.float().argmax(-1).min())                 # earliest completion position in the batch
-    keep = input_ids.shape[1] - first + 1                                 # logits for positions first-1 .. L-1
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits[:, :-1]
+    keep = input_ids.shape[1] - first                                     # logits for positions first-1 .. L-2
+    logits = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], logits_to_keep=keep).logits
     labels, mask = input_ids[:, first:], completion_mask[:, first:]      # [N, L-first]
     return (logprobs_from_logits(logits.float(), labels) * mask).sum(-1)
 

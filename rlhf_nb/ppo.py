@@ -96,9 +96,9 @@ def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, gro
     if groups is not None:                                               # rows of one group share their first T-n_last tokens
         uniq, inv = torch.unique(groups, return_inverse=True)
         if len(uniq) < len(groups): return shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                logits_to_keep=n_last + 1, use_cache=False)
-    return out.logits[:, :-1]
+    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+                logits_to_keep=n_last, use_cache=False)                 # the last token is only a target: never an input
+    return out.logits
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
     "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
@@ -157,8 +157,9 @@ class TokenValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, n_last):
         backbone, _ = _backbone_and_head(self.value_model)
-        h = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
-        return self.head(h[:, -n_last - 1:-1]).squeeze(-1).float()           # value of the state *before* each token
+        h = backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+                     use_cache=False).last_hidden_state                  # the last token is never a state to value
+        return self.head(h[:, -n_last:]).squeeze(-1).float()                # value of the state *before* each token
 
     def save_pretrained(self, path): self.value_model.save_pretrained(path)
 
@@ -177,8 +178,8 @@ class ActorModule(nn.Module):
         if self.v_head is None:
             return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last, groups), None
         backbone, lm = _backbone_and_head(self.policy)
-        h = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).last_hidden_state
-        h = h[:, -n_last - 1:-1]
+        h = backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
+                     use_cache=False).last_hidden_state[:, -n_last:]
         return lm.get_output_embeddings()(h), self.v_head(h).squeeze(-1).float()
 
 # %% ../nbs/02_ppo.ipynb #eb481468
