@@ -13,7 +13,7 @@ __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'logprobs_from_logits', 'entropy_from_
            'masked_mean', 'masked_var', 'masked_whiten', 'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss',
            'policy_loss', 'value_loss', 'FixedKLController', 'AdaptiveKLController', 'get_kl_controller',
            'UnknownEstimatorError', 'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic',
-           'gae_advantages', 'eos_response_mask']
+           'gae_advantages', 'eos_response_mask', 'forward_attention_mask']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
@@ -231,3 +231,10 @@ def eos_response_mask(responses, eos_token_id):
     for i in ids: is_eos |= responses == i
     after = (is_eos.long().cumsum(-1) - is_eos.long()) > 0         # strictly after the first eos
     return (~after).long(), is_eos.any(-1)
+
+# %% ../nbs/01a_core.ipynb #4a6ed98a
+def forward_attention_mask(attention_mask):
+    "The mask a causal forward needs: None when every row of `attention_mask`[B,T] is padded on the right only, else the mask."
+    if attention_mask is None: return None
+    right_only = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())     # never 0 -> 1 along a row
+    return None if right_only else attention_mask

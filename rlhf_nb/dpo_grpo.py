@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from .core import (register_adv_estimator, get_adv_estimator, masked_mean, masked_whiten, kl_penalty,
-                          logprobs_from_logits)
+                          logprobs_from_logits, forward_attention_mask)
 
 # %% auto #0
 __all__ = ['GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'DPO_LOSS_TYPES', 'REF_STRATEGIES', 'CKPT_FILES', 'TRL_PIPELINES',
@@ -203,7 +203,8 @@ def sequence_logps(model, input_ids, attention_mask, completion_mask):
     "Sum of log pi(token | prefix) over completion tokens only. [N,L] -> [N]"
     first = int(completion_mask.float().argmax(-1).min())                 # earliest completion position in the batch
     keep = input_ids.shape[1] - first                                     # logits for positions first-1 .. L-2
-    logits = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], logits_to_keep=keep).logits
+    logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                   logits_to_keep=keep).logits
     labels, mask = input_ids[:, first:], completion_mask[:, first:]      # [N, L-first]
     return (logprobs_from_logits(logits.float(), labels) * mask).sum(-1)
 

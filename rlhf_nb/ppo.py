@@ -17,7 +17,8 @@ from transformers import GenerationConfig
 
 from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, masked_whiten, kl_penalty,
                           apply_kl_penalty, agg_loss, policy_loss, value_loss, get_kl_controller, get_adv_estimator,
-                          estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES)
+                          estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES,
+                          forward_attention_mask)
 
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
@@ -96,8 +97,8 @@ def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, gro
     if groups is not None:                                               # rows of one group share their first T-n_last tokens
         uniq, inv = torch.unique(groups, return_inverse=True)
         if len(uniq) < len(groups): return shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv)
-    out = model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-                logits_to_keep=n_last, use_cache=False)                 # the last token is only a target: never an input
+    out = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                position_ids=position_ids[:, :-1], logits_to_keep=n_last, use_cache=False)   # the last token is only a target
     return out.logits
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
@@ -157,8 +158,8 @@ class TokenValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, n_last):
         backbone, _ = _backbone_and_head(self.value_model)
-        h = backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-                     use_cache=False).last_hidden_state                  # the last token is never a state to value
+        h = backbone(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                     position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state   # the last token is no state to value
         return self.head(h[:, -n_last:]).squeeze(-1).float()                # value of the state *before* each token
 
     def save_pretrained(self, path): self.value_model.save_pretrained(path)
@@ -178,8 +179,8 @@ class ActorModule(nn.Module):
         if self.v_head is None:
             return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last, groups), None
         backbone, lm = _backbone_and_head(self.policy)
-        h = backbone(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, :-1],
-                     use_cache=False).last_hidden_state[:, -n_last:]
+        h = backbone(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                     position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state[:, -n_last:]
         return lm.get_output_embeddings()(h), self.v_head(h).squeeze(-1).float()
 
 # %% ../nbs/02_ppo.ipynb #eb481468
