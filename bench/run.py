@@ -182,7 +182,7 @@ def grpo_defaults():
 
 def bench_ppo(a, logf, critic="separate"):
     p = dict(critic=critic, threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
-             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 3, seed=0, init_path=a.init_path)
+             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 5, seed=0, init_path=a.init_path)
     ok = ensure_trl112_venv()
     arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112 if ok else None)]
     if not ok: arms = arms[:1]
