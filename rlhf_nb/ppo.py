@@ -24,8 +24,8 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
            'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights', 'read_metrics',
-           'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
+           'intra_op_threads', 'decode_threads', 'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units',
+           'loss_weights', 'read_metrics', 'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -508,11 +508,30 @@ def next_batch(self: RLTrainer):
     return batch
 
 # %% ../nbs/02_ppo.ipynb #ff0873b4
+from contextlib import contextmanager
+
+@contextmanager
+def intra_op_threads(n):
+    "Run the block with `n` torch intra-op threads (None: leave the count alone), restoring the count afterwards."
+    old = torch.get_num_threads()
+    if n is not None and n != old: torch.set_num_threads(n)
+    try: yield
+    finally:
+        if torch.get_num_threads() != old: torch.set_num_threads(old)
+
+def decode_threads(model, device):
+    "Intra-op threads for generating with `model`: 1 on a CPU below hidden size 256 (decode matrices too small to split), else None."
+    if torch.device(device).type != "cpu": return None
+    cfg = getattr(model, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = getattr(cfg, "hidden_size", None)
+    return 1 if hidden is not None and hidden < 256 else None
+
 @patch
 def generate_sequences(self: RLTrainer, batch):
     "Rollout role: sample responses for a prompt batch -> the batch with sequences, masks and positions added."
     dev = self.accelerator.device
-    with torch.no_grad(), self.accelerator.autocast():
+    with torch.no_grad(), self.accelerator.autocast(), intra_op_threads(decode_threads(self.unwrapped_policy, dev)):
         ro = generate_rollout(self.unwrapped_policy, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
                               self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
@@ -809,8 +828,9 @@ def evaluate(self: RLTrainer):
         from rlhf_nb.sft import greedy_accuracy
         pol = self.unwrapped_policy
         was = pol.training
-        res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
-                              max_new_tokens=self.config.max_completion_length)
+        with intra_op_threads(decode_threads(pol, self.accelerator.device)):
+            res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
+                                  max_new_tokens=self.config.max_completion_length)
         pol.train(was)
         out = {"eval/accuracy": res["accuracy"], "eval/n": res["n"]}
         self.last_eval_samples = res.get("samples", [])
