@@ -5,6 +5,7 @@
 # %% ../nbs/00a_models.ipynb #64683acd
 from __future__ import annotations
 import copy, dataclasses, os, string
+from contextlib import contextmanager
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
@@ -15,7 +16,8 @@ from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequence
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'char_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm',
-           'tiny_value_model', 'value_model_from_policy', 'load_tokenizer', 'load_causal_lm', 'load_value_model']
+           'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'load_tokenizer',
+           'load_causal_lm', 'load_value_model']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -127,6 +129,24 @@ def tiny_causal_lm(tokenizer, seed=0, **overrides) -> Qwen2ForCausalLM:
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
+
+# %% ../nbs/00a_models.ipynb #7d6ea427
+@contextmanager
+def intra_op_threads(n):
+    "Run the block with `n` torch intra-op threads (None: leave the count alone), restoring the count afterwards."
+    old = torch.get_num_threads()
+    if n is not None and n != old: torch.set_num_threads(n)
+    try: yield
+    finally:
+        if torch.get_num_threads() != old: torch.set_num_threads(old)
+
+def decode_threads(model, device):
+    "Intra-op threads for generating with `model`: 1 on a CPU below hidden size 256 (decode matrices too small to split), else None."
+    if torch.device(device).type != "cpu": return None
+    cfg = getattr(model, "config", None)
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = getattr(cfg, "hidden_size", None)
+    return 1 if hidden is not None and hidden < 256 else None
 
 # %% ../nbs/00a_models.ipynb #fb2b4d70
 def _init_score_head(model, head_std=0.0, seed=0):

@@ -19,13 +19,14 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
                           apply_kl_penalty, agg_loss, policy_loss, value_loss, get_kl_controller, get_adv_estimator,
                           estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES,
                           forward_attention_mask)
+from .models import intra_op_threads, decode_threads
 
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
            'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
            'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'intra_op_threads', 'decode_threads', 'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units',
-           'loss_weights', 'read_metrics', 'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
+           'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights', 'read_metrics',
+           'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -92,14 +93,17 @@ class Reference:
     def __repr__(self): return f"Reference({self.strategy}, extra_bytes={self.extra_bytes():,})"
 
 # %% ../nbs/02_ppo.ipynb #1c71df4e
+def _inputs_but_last(input_ids, attention_mask, position_ids):
+    "Forward kwargs for every position but the last (only ever a target), without a mask when padding is on the right only."
+    return dict(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                position_ids=position_ids[:, :-1], use_cache=False)
+
 def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, groups=None):
     "Logits predicting the last `n_last` tokens: [B,T] inputs -> logits [B,n_last,V] (only those positions hit the LM head)."
     if groups is not None:                                               # rows of one group share their first T-n_last tokens
         uniq, inv = torch.unique(groups, return_inverse=True)
         if len(uniq) < len(groups): return shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv)
-    out = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                position_ids=position_ids[:, :-1], logits_to_keep=n_last, use_cache=False)   # the last token is only a target
-    return out.logits
+    return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
     "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
@@ -158,8 +162,7 @@ class TokenValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, n_last):
         backbone, _ = _backbone_and_head(self.value_model)
-        h = backbone(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                     position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state   # the last token is no state to value
+        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state
         return self.head(h[:, -n_last:]).squeeze(-1).float()                # value of the state *before* each token
 
     def save_pretrained(self, path): self.value_model.save_pretrained(path)
@@ -179,8 +182,7 @@ class ActorModule(nn.Module):
         if self.v_head is None:
             return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last, groups), None
         backbone, lm = _backbone_and_head(self.policy)
-        h = backbone(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                     position_ids=position_ids[:, :-1], use_cache=False).last_hidden_state[:, -n_last:]
+        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state[:, -n_last:]
         return lm.get_output_embeddings()(h), self.v_head(h).squeeze(-1).float()
 
 # %% ../nbs/02_ppo.ipynb #eb481468
@@ -202,7 +204,8 @@ def generate_rollout(model, input_ids, attention_mask, generation_config, eos_to
     model.eval()
     gc = copy.deepcopy(generation_config)
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc)
+    with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc)
     if was_training: model.train()
     P = input_ids.shape[1]
     responses = out.sequences[:, P:]                                      # [B,R], R <= max_new_tokens
@@ -508,30 +511,11 @@ def next_batch(self: RLTrainer):
     return batch
 
 # %% ../nbs/02_ppo.ipynb #ff0873b4
-from contextlib import contextmanager
-
-@contextmanager
-def intra_op_threads(n):
-    "Run the block with `n` torch intra-op threads (None: leave the count alone), restoring the count afterwards."
-    old = torch.get_num_threads()
-    if n is not None and n != old: torch.set_num_threads(n)
-    try: yield
-    finally:
-        if torch.get_num_threads() != old: torch.set_num_threads(old)
-
-def decode_threads(model, device):
-    "Intra-op threads for generating with `model`: 1 on a CPU below hidden size 256 (decode matrices too small to split), else None."
-    if torch.device(device).type != "cpu": return None
-    cfg = getattr(model, "config", None)
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    hidden = getattr(cfg, "hidden_size", None)
-    return 1 if hidden is not None and hidden < 256 else None
-
 @patch
 def generate_sequences(self: RLTrainer, batch):
     "Rollout role: sample responses for a prompt batch -> the batch with sequences, masks and positions added."
     dev = self.accelerator.device
-    with torch.no_grad(), self.accelerator.autocast(), intra_op_threads(decode_threads(self.unwrapped_policy, dev)):
+    with torch.no_grad(), self.accelerator.autocast():
         ro = generate_rollout(self.unwrapped_policy, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
                               self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
@@ -577,13 +561,11 @@ def run_concurrently(tasks, parallel=True):
         try:
             with torch.set_grad_enabled(grad): results[i] = tasks[i]()
         except BaseException as e: errors[i] = e
-    torch.set_num_threads(max(1, n_threads // len(tasks)))            # split the cores between the tasks
-    try:
+    with intra_op_threads(max(1, n_threads // len(tasks))):             # split the cores between the tasks
         threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(tasks))]
         for t in threads: t.start()
         work(0)                                                        # the calling thread takes the first task
         for t in threads: t.join()
-    finally: torch.set_num_threads(n_threads)
     for e in errors:
         if e is not None: raise e
     return results
@@ -828,9 +810,8 @@ def evaluate(self: RLTrainer):
         from rlhf_nb.sft import greedy_accuracy
         pol = self.unwrapped_policy
         was = pol.training
-        with intra_op_threads(decode_threads(pol, self.accelerator.device)):
-            res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
-                                  max_new_tokens=self.config.max_completion_length)
+        res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
+                              max_new_tokens=self.config.max_completion_length)
         pol.train(was)
         out = {"eval/accuracy": res["accuracy"], "eval/n": res["n"]}
         self.last_eval_samples = res.get("samples", [])

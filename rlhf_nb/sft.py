@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .data import make_arith
-from .models import char_tokenizer, tiny_causal_lm
+from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'render_prompt', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train',
@@ -77,7 +77,8 @@ def generate_greedy(model, tokenizer, prompts, max_new_tokens=32, batch_size=64)
     try:
         for i in range(0, len(enc), batch_size):
             ids, mask = _left_pad(enc[i:i + batch_size], pad)
-            gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gc)
+            with intra_op_threads(decode_threads(model, device)):          # small decode steps: see the models notebook
+                gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=gc)
             for g in gen[:, ids.shape[1]:].tolist():
                 out.append(tokenizer.decode(_cut_at_eos(g, tokenizer.eos_token_id), skip_special_tokens=True))
     finally:
