@@ -9,11 +9,15 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'logprobs_from_logits', 'entropy_from_logits', 'logprobs_and_entropy', 'masked_sum',
-           'masked_mean', 'masked_var', 'masked_whiten', 'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss',
-           'policy_loss', 'value_loss', 'FixedKLController', 'AdaptiveKLController', 'get_kl_controller',
-           'UnknownEstimatorError', 'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic',
-           'gae_advantages', 'eos_response_mask', 'forward_attention_mask']
+__all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'logprobs_from_logits',
+           'entropy_from_logits', 'logprobs_and_entropy', 'masked_sum', 'masked_mean', 'masked_var', 'masked_whiten',
+           'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss', 'policy_loss', 'value_loss',
+           'FixedKLController', 'AdaptiveKLController', 'get_kl_controller', 'UnknownEstimatorError',
+           'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic', 'gae_advantages',
+           'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage', 'discounted_returns',
+           'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'register_policy_loss', 'get_policy_loss',
+           'dual_clip_policy_loss', 'actor_loss', 'aggregate_loss', 'grpo_policy_loss', 'informative_groups',
+           'eos_response_mask', 'forward_attention_mask']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
@@ -139,7 +143,7 @@ def agg_loss(loss_mat, mask, mode="token-mean", norm_const=None):
 
 # %% ../nbs/01a_core.ipynb #fe4a8989
 def policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, cliprange_low=None,
-                cliprange_high=None, clip_ratio_c=None, loss_agg_mode="token-mean"):
+                cliprange_high=None, clip_ratio_c=None, loss_agg_mode="token-mean", norm_const=None):
     "Clipped PPO surrogate (optional dual clip): all [B,R] -> (loss scalar, stats dict of floats-as-tensors)."
     lo = cliprange if cliprange_low is None else cliprange_low
     hi = cliprange if cliprange_high is None else cliprange_high
@@ -157,7 +161,7 @@ def policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, 
         stats["pg_clipfrac_lower"] = masked_mean(((clipped > pg3) & (advantages < 0)).to(mask.dtype), mask)
         clipped = torch.where(advantages < 0, dual, clipped)
     stats["ppo_kl"] = masked_mean(0.5 * log_ratio.detach() ** 2, mask)
-    return agg_loss(clipped, mask, loss_agg_mode), {k: v.detach() for k, v in stats.items()}
+    return agg_loss(clipped, mask, loss_agg_mode, norm_const), {k: v.detach() for k, v in stats.items()}
 
 # %% ../nbs/01a_core.ipynb #b83b1870
 def value_loss(vpreds, old_values, returns, response_mask, cliprange_value=0.2, loss_agg_mode="token-mean"):
@@ -196,7 +200,7 @@ def get_kl_controller(kl_coef, adaptive=False, target=6.0, horizon=10000):
 ADV_ESTIMATORS = {}
 
 class UnknownEstimatorError(KeyError, ValueError):
-    "An advantage-estimator name that is not registered (a KeyError, and a ValueError for CLI error handling)."
+    "A name that no registry holds (advantage estimator or policy loss): a KeyError, and a ValueError for CLI error handling."
     def __str__(self): return str(self.args[0])
 
 def register_adv_estimator(name, needs_critic=False):
@@ -222,6 +226,162 @@ def gae_advantages(token_level_rewards, response_mask, *, values=None, group_siz
     "PPO's estimator: GAE with a critic's values: [B,R] -> (advantages[B,R], returns[B,R])."
     if values is None: raise ValueError("adv_estimator 'gae' needs `values` from a critic (or choose a critic-free estimator such as 'grpo')")
     return compute_gae(token_level_rewards, values, response_mask, gamma, lam)
+
+# %% ../nbs/01a_core.ipynb #788199b5
+def group_advantages(scores, group_size, norm_by_std=True, eps=1e-6):
+    "Centre each run of `group_size` consecutive scores on its mean and (GRPO) divide by its unbiased std. [B] -> [B]"
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 1: raise ValueError(f"scores must be 1-D [B], got shape {tuple(scores.shape)}")
+    if group_size < 1 or scores.numel() % group_size:
+        raise ValueError(f"{scores.numel()} scores are not a whole number of groups of group_size={group_size}")
+    g = scores.float().view(-1, group_size)                                  # [B/G, G]
+    if group_size == 1: return torch.zeros_like(g).view(-1)                  # no siblings, no baseline, no signal
+    adv = g - g.mean(-1, keepdim=True)
+    if norm_by_std: adv = adv / (g.std(-1, keepdim=True) + eps)               # torch.std is unbiased by default
+    constant = (g == g[:, :1]).all(-1, keepdim=True)                          # all-equal group -> exactly 0
+    return adv.masked_fill(constant, 0.0).view(-1)
+
+# %% ../nbs/01a_core.ipynb #6298403c
+def _outcome_scores(token_level_rewards, response_mask):
+    "One score per sequence: the masked sum of its token rewards. [B,R] -> [B]"
+    return (token_level_rewards * response_mask).sum(-1)
+
+def _broadcast(seq_adv, response_mask):
+    "A per-sequence advantage on every valid token. [B] -> [B,R]"
+    return seq_adv.unsqueeze(-1).to(response_mask.dtype if response_mask.is_floating_point() else torch.float) * response_mask
+
+@register_adv_estimator("grpo")
+def grpo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0,
+                   norm_by_std=True, eps=1e-6, **kw):
+    "GRPO: the group-normalised outcome score on every response token. [B,R] -> ([B,R], [B,R])"
+    adv = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size, norm_by_std, eps),
+                     response_mask)
+    return adv, adv
+
+@register_adv_estimator("dr_grpo")
+def dr_grpo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
+    "Dr. GRPO: outcome score minus its group mean (no std), on every response token. [B,R] -> ([B,R], [B,R])"
+    kw.pop("norm_by_std", None)
+    return grpo_advantage(token_level_rewards, response_mask, group_size=group_size, norm_by_std=False, **kw)
+
+# %% ../nbs/01a_core.ipynb #c3a6efd3
+@register_adv_estimator("rloo")
+def rloo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
+    "RLOO: outcome score minus the mean of its group's other members, on every response token. [B,R] -> ([B,R], [B,R])"
+    s = _outcome_scores(token_level_rewards, response_mask)
+    if group_size < 2: raise ValueError(f"rloo needs group_size >= 2 (a leave-one-out baseline), got {group_size}")
+    adv = group_advantages(s, group_size, norm_by_std=False) * group_size / (group_size - 1)
+    adv = _broadcast(adv, response_mask)
+    return adv, adv
+
+# %% ../nbs/01a_core.ipynb #541efd24
+def discounted_returns(token_level_rewards, response_mask, gamma=1.0):
+    "Return-to-go $\\sum_{k\\ge t}\\gamma^{k-t} r_k$ within each response (nothing flows back from padding). [B,R] -> [B,R]"
+    rewards = token_level_rewards * response_mask
+    returns, running = torch.zeros_like(rewards), torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running * response_mask[:, t]  # reset where the response has ended
+        returns[:, t] = running
+    return returns * response_mask
+
+@register_adv_estimator("reinforce_plus_plus")
+def reinforce_pp_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
+    "REINFORCE++: per-token discounted returns whitened over the batch. [B,R] -> ([B,R], [B,R])"
+    returns = discounted_returns(token_level_rewards, response_mask, gamma)
+    return masked_whiten(returns, response_mask) * response_mask, returns
+
+@register_adv_estimator("reinforce_plus_plus_baseline")
+def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0,
+                                    lam=1.0, **kw):
+    "REINFORCE++ with a group-mean baseline, then whitened over the batch. [B,R] -> ([B,R], [B,R])"
+    centred = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size,
+                                          norm_by_std=False), response_mask)
+    return masked_whiten(centred, response_mask) * response_mask, centred
+
+# %% ../nbs/01a_core.ipynb #1725bd31
+POLICY_LOSSES = {}
+
+def register_policy_loss(name):
+    "Decorator: register `fn` as the policy loss called `name` (overwrites, as re-run cells must)."
+    def deco(fn):
+        POLICY_LOSSES[name] = fn
+        return fn
+    return deco
+
+def get_policy_loss(name):
+    "The policy loss registered as `name`; an unknown name is an error listing the known ones."
+    if name not in POLICY_LOSSES:
+        raise UnknownEstimatorError(f"unknown policy loss {name!r}; registered: {', '.join(sorted(POLICY_LOSSES)) or 'none'}")
+    return POLICY_LOSSES[name]
+
+register_policy_loss("vanilla")(policy_loss)
+
+@register_policy_loss("dual_clip")
+def dual_clip_policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, cliprange_low=None,
+                          cliprange_high=None, clip_ratio_c=3.0, loss_agg_mode="token-mean", norm_const=None):
+    "Dual-clip PPO: `vanilla` with the bound $-c\\hat A$ on negative-advantage tokens (c = 3 unless given). [B,R] -> (loss, stats)"
+    return policy_loss(old_logprob, logprob, advantages, response_mask, cliprange, cliprange_low, cliprange_high,
+                       clip_ratio_c or 3.0, loss_agg_mode, norm_const)
+
+# %% ../nbs/01a_core.ipynb #0122b01d
+def actor_loss(logprob, old_logprob, advantages, response_mask, *, policy_loss_fn="vanilla", ref_logprob=None,
+               kl_coef=0.0, kl_estimator="k3", entropy=None, entropy_coef=0.0, loss_agg_mode="token-mean",
+               norm_const=None, **clip):
+    "Policy loss (registered `policy_loss_fn`) + kl_coef·KL to `ref_logprob` − entropy_coef·entropy: [B,R] -> (loss, stats)"
+    mask = response_mask
+    pg, stats = get_policy_loss(policy_loss_fn)(old_logprob, logprob, advantages, mask, loss_agg_mode=loss_agg_mode,
+                                                norm_const=norm_const, **clip)
+    loss, stats = pg, {"pg_loss": pg.detach(), **stats}
+    if ref_logprob is not None:                                          # the KL in the loss (GRPO)
+        kl = agg_loss(kl_penalty(logprob, ref_logprob, kl_estimator), mask, loss_agg_mode, norm_const)
+        loss = loss + kl_coef * kl; stats["kl_loss"] = kl.detach()
+    if entropy_coef: loss = loss - entropy_coef * agg_loss(entropy, mask, loss_agg_mode, norm_const)
+    return loss, stats
+
+# %% ../nbs/01a_core.ipynb #044e7e33
+GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPE_TO_AGG_MODE = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
+                         "dapo": "token-mean"}
+
+def aggregate_loss(per_token_loss, mask, loss_type="dapo", max_completion_length=None, num_items_in_batch=None):
+    "Reduce a per-token loss to a scalar as TRL's `loss_type` does, through `agg_loss`. [B,T], [B,T] -> []"
+    if loss_type not in GRPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {loss_type!r}")
+    loss = agg_loss(per_token_loss, mask, LOSS_TYPE_TO_AGG_MODE[loss_type], norm_const=max_completion_length)
+    if loss_type == "dapo" and num_items_in_batch is not None:              # tokens in the whole (accumulated) batch
+        loss = loss * mask.to(loss.dtype).sum() / torch.as_tensor(num_items_in_batch, dtype=loss.dtype).clamp(min=1.0)
+    return loss
+
+# %% ../nbs/01a_core.ipynb #dd1328c6
+def grpo_policy_loss(logprobs, old_logprobs, advantages, response_mask, *, ref_logprobs=None, beta=0.0,
+                     loss_type="dapo", epsilon=0.2, epsilon_high=None, max_completion_length=None,
+                     num_items_in_batch=None):
+    "GRPO's loss under TRL's names, computed by the trainer's `actor_loss`. [B,T] (advantages [B] or [B,T]) -> (loss, metrics)"
+    if advantages.dim() == 1: advantages = advantages.unsqueeze(-1).expand_as(logprobs)   # one advantage per sequence
+    if beta != 0.0 and ref_logprobs is None: raise ValueError("beta != 0 needs ref_logprobs (or set beta=0.0 to drop the KL term)")
+    if loss_type not in GRPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {loss_type!r}")
+    loss, st = actor_loss(logprobs, old_logprobs, advantages, response_mask, ref_logprob=ref_logprobs if beta else None,
+                          kl_coef=beta, kl_estimator="k3", loss_agg_mode=LOSS_TYPE_TO_AGG_MODE[loss_type],
+                          norm_const=max_completion_length, cliprange_low=epsilon, cliprange_high=epsilon_high or epsilon)
+    mask = response_mask.to(logprobs.dtype)
+    if loss_type == "dapo" and num_items_in_batch is not None:              # token-mean over the whole generation batch
+        loss = loss * mask.sum() / torch.as_tensor(num_items_in_batch, dtype=loss.dtype).clamp(min=1.0)
+    with torch.no_grad():
+        ratio, hi = torch.exp(logprobs - old_logprobs), epsilon_high or epsilon
+        low, high = ((ratio < 1 - epsilon) & (advantages < 0)).float(), ((ratio > 1 + hi) & (advantages > 0)).float()
+    metrics = {"clip_ratio/low_mean": masked_mean(low, mask).item(), "clip_ratio/high_mean": masked_mean(high, mask).item(),
+               "clip_ratio/region_mean": masked_mean(low + high, mask).item()}
+    if beta: metrics["kl"] = masked_mean(kl_penalty(logprobs, ref_logprobs, "k3").detach(), mask).item()
+    return loss, metrics
+
+# %% ../nbs/01a_core.ipynb #01f161a4
+def informative_groups(scores, group_size, atol=0.0):
+    "Boolean mask of the rows whose group's scores are not all equal (the rows that carry policy-gradient signal). [B] -> [B]"
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 1 or group_size < 1 or scores.numel() % group_size:
+        raise ValueError(f"scores must be 1-D with a multiple of group_size={group_size} entries, got {tuple(scores.shape)}")
+    g = scores.view(-1, group_size)
+    spread = g.max(-1).values - g.min(-1).values                            # [B/G]
+    return (spread > atol).repeat_interleave(group_size)
 
 # %% ../nbs/01a_core.ipynb #087cddba
 def eos_response_mask(responses, eos_token_id):

@@ -10,143 +10,16 @@ from typing import Optional
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-from .core import (register_adv_estimator, get_adv_estimator, masked_mean, masked_whiten, kl_penalty,
-                          logprobs_from_logits, forward_attention_mask)
+from .core import (masked_mean, logprobs_from_logits, forward_attention_mask, informative_groups,
+                          GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE)
 
 # %% auto #0
-__all__ = ['GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'DPO_LOSS_TYPES', 'REF_STRATEGIES', 'CKPT_FILES', 'TRL_PIPELINES',
-           'TRL_PLOT_PANELS', 'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage',
-           'discounted_returns', 'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'aggregate_loss',
-           'grpo_policy_loss', 'informative_groups', 'dpo_loss', 'encode_pair', 'collate_pairs', 'sequence_logps',
-           'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows', 'DPOLoop',
-           'dpo_checkpoints', 'dpo_data', 'dpo_train', 'pipeline_arguments', 'TRLPipeline', 'register_trl_pipeline',
-           'get_trl_pipeline', 'parse_trl_args', 'load_model_and_tokenizer', 'pipeline_rows', 'pipeline_datasets',
-           'default_reward_funcs', 'trl_pipeline', 'log_history_series', 'plot_trl_dynamics', 'GRPOConfig',
-           'select_rows', 'GroupRLTrainer', 'run_grpo']
-
-# %% ../nbs/03_dpo_grpo.ipynb #788199b5
-def group_advantages(scores, group_size, norm_by_std=True, eps=1e-6):
-    "Centre each run of `group_size` consecutive scores on its mean and (GRPO) divide by its unbiased std. [B] -> [B]"
-    scores = torch.as_tensor(scores)
-    if scores.dim() != 1: raise ValueError(f"scores must be 1-D [B], got shape {tuple(scores.shape)}")
-    if group_size < 1 or scores.numel() % group_size:
-        raise ValueError(f"{scores.numel()} scores are not a whole number of groups of group_size={group_size}")
-    g = scores.float().view(-1, group_size)                                  # [B/G, G]
-    if group_size == 1: return torch.zeros_like(g).view(-1)                  # no siblings, no baseline, no signal
-    adv = g - g.mean(-1, keepdim=True)
-    if norm_by_std: adv = adv / (g.std(-1, keepdim=True) + eps)               # torch.std is unbiased by default
-    constant = (g == g[:, :1]).all(-1, keepdim=True)                          # all-equal group -> exactly 0
-    return adv.masked_fill(constant, 0.0).view(-1)
-
-# %% ../nbs/03_dpo_grpo.ipynb #6298403c
-def _outcome_scores(token_level_rewards, response_mask):
-    "One score per sequence: the masked sum of its token rewards. [B,R] -> [B]"
-    return (token_level_rewards * response_mask).sum(-1)
-
-def _broadcast(seq_adv, response_mask):
-    "A per-sequence advantage on every valid token. [B] -> [B,R]"
-    return seq_adv.unsqueeze(-1).to(response_mask.dtype if response_mask.is_floating_point() else torch.float) * response_mask
-
-@register_adv_estimator("grpo")
-def grpo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0,
-                   norm_by_std=True, eps=1e-6, **kw):
-    "GRPO: the group-normalised outcome score on every response token. [B,R] -> ([B,R], [B,R])"
-    adv = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size, norm_by_std, eps),
-                     response_mask)
-    return adv, adv
-
-@register_adv_estimator("dr_grpo")
-def dr_grpo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
-    "Dr. GRPO: outcome score minus its group mean (no std), on every response token. [B,R] -> ([B,R], [B,R])"
-    kw.pop("norm_by_std", None)
-    return grpo_advantage(token_level_rewards, response_mask, group_size=group_size, norm_by_std=False, **kw)
-
-# %% ../nbs/03_dpo_grpo.ipynb #c3a6efd3
-@register_adv_estimator("rloo")
-def rloo_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
-    "RLOO: outcome score minus the mean of its group's other members, on every response token. [B,R] -> ([B,R], [B,R])"
-    s = _outcome_scores(token_level_rewards, response_mask)
-    if group_size < 2: raise ValueError(f"rloo needs group_size >= 2 (a leave-one-out baseline), got {group_size}")
-    adv = group_advantages(s, group_size, norm_by_std=False) * group_size / (group_size - 1)
-    adv = _broadcast(adv, response_mask)
-    return adv, adv
-
-# %% ../nbs/03_dpo_grpo.ipynb #541efd24
-def discounted_returns(token_level_rewards, response_mask, gamma=1.0):
-    "Return-to-go $\\sum_{k\\ge t}\\gamma^{k-t} r_k$ within each response (nothing flows back from padding). [B,R] -> [B,R]"
-    rewards = token_level_rewards * response_mask
-    returns, running = torch.zeros_like(rewards), torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running * response_mask[:, t]  # reset where the response has ended
-        returns[:, t] = running
-    return returns * response_mask
-
-@register_adv_estimator("reinforce_plus_plus")
-def reinforce_pp_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
-    "REINFORCE++: per-token discounted returns whitened over the batch. [B,R] -> ([B,R], [B,R])"
-    returns = discounted_returns(token_level_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask) * response_mask, returns
-
-@register_adv_estimator("reinforce_plus_plus_baseline")
-def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0,
-                                    lam=1.0, **kw):
-    "REINFORCE++ with a group-mean baseline, then whitened over the batch. [B,R] -> ([B,R], [B,R])"
-    centred = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size,
-                                          norm_by_std=False), response_mask)
-    return masked_whiten(centred, response_mask) * response_mask, centred
-
-# %% ../nbs/03_dpo_grpo.ipynb #044e7e33
-GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-LOSS_TYPE_TO_AGG_MODE = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
-                         "dapo": "token-mean"}
-
-def aggregate_loss(per_token_loss, mask, loss_type="dapo", max_completion_length=None, num_items_in_batch=None):
-    "Reduce a per-token loss to a scalar as TRL's `loss_type` does. [B,T], [B,T] -> []"
-    mask = mask.to(per_token_loss.dtype)
-    total = (per_token_loss * mask).sum()
-    if loss_type == "grpo": return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_type == "bnpo": return total / mask.sum().clamp(min=1.0)
-    if loss_type == "dr_grpo":                      # constant normaliser: the longest completion allowed
-        return total / (per_token_loss.size(0) * (max_completion_length or per_token_loss.size(1)))
-    if loss_type == "dapo":                         # tokens in the whole (accumulated) generation batch
-        n = mask.sum() if num_items_in_batch is None else torch.as_tensor(num_items_in_batch, dtype=total.dtype)
-        return total / n.clamp(min=1.0)
-    raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {loss_type!r}")
-
-# %% ../nbs/03_dpo_grpo.ipynb #dd1328c6
-def grpo_policy_loss(logprobs, old_logprobs, advantages, response_mask, *, ref_logprobs=None, beta=0.0,
-                     loss_type="dapo", epsilon=0.2, epsilon_high=None, max_completion_length=None,
-                     num_items_in_batch=None):
-    "GRPO's clipped surrogate + beta * k3 KL, aggregated by `loss_type`. [B,T] (advantages [B] or [B,T]) -> (loss, metrics)"
-    if advantages.dim() == 1: advantages = advantages.unsqueeze(-1)                 # one advantage per sequence
-    eps_hi = epsilon if epsilon_high is None else epsilon_high
-    ratio = torch.exp(logprobs - old_logprobs)
-    per_token = -torch.min(ratio * advantages, ratio.clamp(1 - epsilon, 1 + eps_hi) * advantages)
-    mask = response_mask.to(logprobs.dtype)
-    metrics = {}
-    if beta != 0.0:
-        if ref_logprobs is None: raise ValueError("beta != 0 needs ref_logprobs (or set beta=0.0 to drop the KL term)")
-        kl = kl_penalty(logprobs, ref_logprobs, "k3")
-        per_token = per_token + beta * kl
-        metrics["kl"] = masked_mean(kl.detach(), mask).item()
-    loss = aggregate_loss(per_token, mask, loss_type, max_completion_length, num_items_in_batch)
-    with torch.no_grad():
-        low = ((ratio < 1 - epsilon) & (advantages < 0)).float()
-        high = ((ratio > 1 + eps_hi) & (advantages > 0)).float()
-        metrics.update({"clip_ratio/low_mean": masked_mean(low, mask).item(),
-                        "clip_ratio/high_mean": masked_mean(high, mask).item(),
-                        "clip_ratio/region_mean": masked_mean(low + high, mask).item()})
-    return loss, metrics
-
-# %% ../nbs/03_dpo_grpo.ipynb #01f161a4
-def informative_groups(scores, group_size, atol=0.0):
-    "Boolean mask of the rows whose group's scores are not all equal (the rows that carry policy-gradient signal). [B] -> [B]"
-    scores = torch.as_tensor(scores)
-    if scores.dim() != 1 or group_size < 1 or scores.numel() % group_size:
-        raise ValueError(f"scores must be 1-D with a multiple of group_size={group_size} entries, got {tuple(scores.shape)}")
-    g = scores.view(-1, group_size)
-    spread = g.max(-1).values - g.min(-1).values                            # [B/G]
-    return (spread > atol).repeat_interleave(group_size)
+__all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'CKPT_FILES', 'TRL_PIPELINES', 'TRL_PLOT_PANELS', 'dpo_loss', 'encode_pair',
+           'collate_pairs', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
+           'arith_preference_rows', 'DPOLoop', 'dpo_checkpoints', 'dpo_data', 'dpo_train', 'pipeline_arguments',
+           'TRLPipeline', 'register_trl_pipeline', 'get_trl_pipeline', 'parse_trl_args', 'load_model_and_tokenizer',
+           'pipeline_rows', 'pipeline_datasets', 'default_reward_funcs', 'trl_pipeline', 'log_history_series',
+           'plot_trl_dynamics', 'GRPOConfig', 'select_rows', 'GroupRLTrainer', 'run_grpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")

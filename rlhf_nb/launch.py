@@ -13,74 +13,19 @@ import sys, importlib, dataclasses, functools, hashlib, json, math, resource, sh
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+import yaml
+from .config import ConfigError, make_parser, parse_config
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'GRPO_DEFAULTS', 'ALGORITHMS', 'DPO_PANELS', 'DEMO_PRESETS',
-           'QWEN25_05B_SHAPE', 'DRY_SHAPE', 'PEAK_BF16_TFLOPS', 'ConfigError', 'make_parser', 'parse_config',
-           'ensure_cpu_distributed', 'process_state', 'accelerate_config_text', 'write_accelerate_configs',
-           'check_accelerate_config', 'launch_command', 'launch_env', 'register_subcommand', 'main', 'LaunchArgs',
-           'DataArgs', 'check_model_path', 'check_dataset', 'resolve_dataset', 'with_defaults', 'grpo_config_class',
-           'param_checksum', 'gather_checksums', 'write_json_atomic', 'rl_trainer_class', 'run_rl', 'data_parallel_dpo',
-           'run_dpo', 'register_algorithm', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch',
-           'save_atomic', 'load_split', 'SFTArgs', 'sft_main', 'RMArgs', 'rm_main', 'EvalArgs', 'eval_main', 'PlotArgs',
-           'plot_runs', 'plot_main', 'DemoArgs', 'demo_rl_config', 'plot_demo', 'run_demo', 'demo_main', 'ParityReward',
-           'rl_throughput']
-
-# %% ../nbs/04_launch.ipynb #1ecc1831
-import argparse, yaml
-from transformers import HfArgumentParser
-
-class ConfigError(ValueError):
-    "A bad configuration: the message names the option or file that is wrong."
-
-class _Parser(HfArgumentParser):
-    "An `HfArgumentParser` that raises `ConfigError` (one clear line) instead of printing usage and exiting."
-    def error(self, message): raise ConfigError(message)
-
-def _yaml_to_args(cfg, path):
-    "Turn a YAML mapping into `--key value` strings that argparse will check and convert."
-    if cfg is None: return []
-    if not isinstance(cfg, dict): raise ConfigError(f"{path}: expected a mapping of option: value, got {type(cfg).__name__}")
-    args = []
-    for k, v in cfg.items():
-        if isinstance(v, dict): v = json.dumps(v)
-        if isinstance(v, (list, tuple)): args += [f"--{k}", *map(str, v)]
-        elif v is None: continue
-        else: args += [f"--{k}", str(v)]
-    return args
-
-def make_parser(dataclass_types, prog="rlhf-nb", description=None):
-    "The `HfArgumentParser` of `dataclass_types`, plus `--config FILE.yaml` (listed in `--help`)."
-    parser = _Parser(dataclass_types, prog=prog, description=description)
-    parser.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS,
-                        help="YAML file of options (keys are the option names below); command-line options override it")
-    return parser
-
-def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None):
-    "Parse `--config FILE.yaml` plus `--key value` overrides into instances of `dataclass_types` (a tuple)."
-    dataclass_types = tuple(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else (dataclass_types,)
-    argv = list(argv or [])
-    parser = make_parser(dataclass_types, prog, description)
-    valid = sorted({a.dest for a in parser._actions if a.dest not in ("help", "config")})
-    yaml_args = []
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv): raise ConfigError("--config needs a YAML file path")
-        path = Path(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
-        if not path.is_file(): raise ConfigError(f"config file not found: {path}")
-        try: cfg = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if cfg is not None and not isinstance(cfg, dict):
-            raise ConfigError(f"{path}: expected a mapping of option: value, got {type(cfg).__name__}")
-        unknown = [k for k in (cfg or {}) if k not in valid]
-        if unknown: raise ConfigError(f"{path}: unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}")
-        yaml_args = _yaml_to_args(cfg, path)
-    out = parser.parse_args_into_dataclasses(args=yaml_args + argv, return_remaining_strings=True, look_for_args_file=False)
-    *objs, rest = out
-    if rest:
-        flags = [r for r in rest if r.startswith("--")]
-        raise ConfigError(f"unknown option(s) {', '.join(flags or rest)}; valid options are: {', '.join(valid)}")
-    return tuple(objs)
+           'QWEN25_05B_SHAPE', 'DRY_SHAPE', 'PEAK_BF16_TFLOPS', 'ensure_cpu_distributed', 'process_state',
+           'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
+           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'DataArgs', 'check_model_path', 'check_dataset',
+           'resolve_dataset', 'with_defaults', 'grpo_config_class', 'param_checksum', 'gather_checksums',
+           'write_json_atomic', 'rl_trainer_class', 'run_rl', 'data_parallel_dpo', 'run_dpo', 'register_algorithm',
+           'check_output_dir', 'parse_train_args', 'train_main', 'relaunch', 'save_atomic', 'load_split', 'SFTArgs',
+           'sft_main', 'RMArgs', 'rm_main', 'EvalArgs', 'eval_main', 'PlotArgs', 'plot_runs', 'plot_main', 'DemoArgs',
+           'demo_rl_config', 'plot_demo', 'run_demo', 'demo_main', 'ParityReward', 'rl_throughput']
 
 # %% ../nbs/04_launch.ipynb #70d4016e
 def ensure_cpu_distributed(environ=None):

@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 
 from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, masked_whiten, kl_penalty,
                           apply_kl_penalty, agg_loss, policy_loss, value_loss, get_kl_controller, get_adv_estimator,
-                          estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES,
+                          estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES, actor_loss, get_policy_loss,
                           forward_attention_mask)
 from .models import intra_op_threads, decode_threads
 
@@ -263,6 +263,7 @@ class PPOConfig:
     lam: float = _f(0.95, "GAE lambda.")
     whiten_advantages: bool = _f(True, "Standardise advantages over the valid tokens of the batch.")
     whiten_rewards: bool = _f(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
+    policy_loss: str = _f("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate) or dual_clip.")
     cliprange: float = _f(0.2, "PPO ratio clip epsilon.")
     cliprange_low: Optional[float] = _f(None, "Lower ratio clip (default: cliprange).")
     cliprange_high: Optional[float] = _f(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
@@ -321,6 +322,7 @@ class PPOConfig:
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
+        get_policy_loss(self.policy_loss)
 
     @property
     def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations
@@ -385,20 +387,13 @@ def _resolve_critic(config):
         raise ValueError(f"adv_estimator {config.adv_estimator!r} needs a critic; critic='none' is not possible")
     return config.critic
 
-def _ensure_estimator(name):
-    "Look an advantage estimator up, importing rlhf_nb.dpo_grpo (which registers the group estimators) if needed."
-    try: return get_adv_estimator(name)
-    except UnknownEstimatorError:
-        import rlhf_nb.dpo_grpo  # noqa: F401  (registers grpo, rloo, ...)
-        return get_adv_estimator(name)
-
 @patch
 def init_workers(self: RLTrainer):
     "Build tokenizer, policy, reference, critic, reward manager, data, optimisers; place them with accelerate."
     from accelerate import Accelerator
     from transformers import set_seed
     cfg = self.config
-    _ensure_estimator(cfg.adv_estimator)
+    get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
     self.critic_mode = _resolve_critic(cfg)
     self.accelerator = acc = Accelerator(cpu=_cpu_processes(), mixed_precision="bf16" if cfg.bf16 else "no")
     self.rank, self.world = acc.process_index, acc.num_processes
@@ -651,7 +646,7 @@ def compute_advantages(self: RLTrainer, data):
         data["token_level_rewards"] = data["token_level_scores"] * mask
     rewards = data["token_level_rewards"]
     if cfg.whiten_rewards: rewards = self._whiten(rewards, mask, shift_mean=False) * mask
-    adv, ret = _ensure_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
+    adv, ret = get_adv_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
                                                     gamma=cfg.gamma, lam=cfg.lam)
     if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
     data["advantages"], data["returns"] = adv, ret
@@ -714,19 +709,18 @@ def _actor_micro_batch(self: RLTrainer, data, idx, weight, last):
         if fresh.any():                                                  # first mini-batch: the old policy is the current one
             data["old_log_probs"][idx[fresh]] = lp.detach()[fresh].float()
             data["old_from_update"][idx[fresh]] = False
-        pg, st = policy_loss(data["old_log_probs"][idx], lp, data["advantages"][idx], mask, cfg.cliprange,
-                             cfg.cliprange_low, cfg.cliprange_high, cfg.clip_ratio_c, cfg.loss_agg_mode)
-        loss = pg
-        if cfg.use_kl_loss and self.reference.active:
-            kl = kl_penalty(lp, data["ref_log_probs"][idx], cfg.kl_estimator)
-            kl_loss = agg_loss(kl, mask, cfg.loss_agg_mode)
-            loss = loss + self.kl_ctl.value * kl_loss; add("actor/kl_loss", kl_loss.detach())
-        if cfg.entropy_coef: loss = loss - cfg.entropy_coef * agg_loss(ent, mask, cfg.loss_agg_mode)
+        use_ref = cfg.use_kl_loss and self.reference.active
+        loss, st = actor_loss(lp, data["old_log_probs"][idx], data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
+                              ref_logprob=data["ref_log_probs"][idx] if use_ref else None, kl_coef=self.kl_ctl.value,
+                              kl_estimator=cfg.kl_estimator, entropy=ent, entropy_coef=cfg.entropy_coef,
+                              loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length, cliprange=cfg.cliprange,
+                              cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high, clip_ratio_c=cfg.clip_ratio_c)
+        pg = st.pop("pg_loss")
         if v is not None:                                                # shared value head: one backward for both
             vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
             loss = loss + cfg.vf_coef * vf; add("critic/vf_loss", vf.detach()); add("critic/vf_clipfrac", vclip)
         self.accelerator.backward(loss * weight)
-    add("actor/pg_loss", pg.detach()); add("actor/entropy", masked_mean(ent, mask))
+    add("actor/pg_loss", pg); add("actor/entropy", masked_mean(ent, mask))
     for k, x in st.items(): add(f"actor/{k}", x)
     return stats
 
@@ -960,7 +954,7 @@ def _run_kind(cfg):
     "'gae (critic: separate)'-style summary of the algorithm a config (object or dict) runs."
     from types import SimpleNamespace
     c = cfg if not isinstance(cfg, dict) else SimpleNamespace(**{k: cfg.get(k) for k in ("adv_estimator", "critic", "use_peft")})
-    try: _ensure_estimator(c.adv_estimator); mode = _resolve_critic(c)
+    try: get_adv_estimator(c.adv_estimator); mode = _resolve_critic(c)
     except Exception: mode = c.critic                                    # an estimator this install does not know
     return c.adv_estimator, mode, bool(c.use_peft)
 

@@ -12,6 +12,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
+from .data import make_arith
 
 logger = logging.getLogger("rlhf_nb.rewards")
 
@@ -647,7 +648,6 @@ def bradley_terry_loss(r_chosen, r_rejected, margin=None, center_rewards_coeffic
 # %% ../nbs/01_rewards.ipynb #1ec229a6
 def make_arith_pairs(n, split="train", seed=0, near_miss=False, **arith_kw):
     "Preference rows from the arithmetic task: chosen = correct `N #### N`, rejected = a wrong answer."
-    from rlhf_nb.data import make_arith         # lazily: `import rlhf_nb.rewards` stays light
     rows = make_arith(n, split=split, seed=seed, **arith_kw)
     truths = [int(r["reward_model"]["ground_truth"]) for r in rows]
     lo, hi = min(truths + [0]), max(truths + [10])

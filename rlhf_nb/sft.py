@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .data import make_arith
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
+from .rewards import compute_score
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'render_prompt', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train',
@@ -88,7 +89,7 @@ def generate_greedy(model, tokenizer, prompts, max_new_tokens=32, batch_size=64)
 def greedy_accuracy(model, tokenizer, rows, batch_size=64, max_new_tokens=None, score_fn=None, n_samples=4) -> dict:
     "Greedy held-out accuracy: `{'accuracy', 'mean_score', 'n', 'samples': [(prompt, response, ground_truth, score)]}`."
     if score_fn is None:
-        from rlhf_nb.rewards import compute_score as score_fn  # lazy: rewards builds on this module
+        score_fn = compute_score
     if max_new_tokens is None: max_new_tokens = _default_max_new_tokens(tokenizer, rows)
     prompts = [render_prompt(tokenizer, r) for r in rows]
     responses = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)

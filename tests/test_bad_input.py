@@ -117,7 +117,7 @@ def test_grpo_needs_a_group(run, tmp_path):
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_group_size_not_dividing_the_batch(name):
     from rlhf_nb.core import get_adv_estimator
-    from rlhf_nb.dpo_grpo import group_advantages
+    from rlhf_nb.core import group_advantages
     with pytest.raises(ValueError, match=r"6 scores are not a whole number of groups of group_size=4"):
         get_adv_estimator(name)(torch.ones(6, 3), torch.ones(6, 3), group_size=4)
     with pytest.raises(ValueError, match=r"not a whole number of groups of group_size=4"): group_advantages(torch.ones(6), 4)
@@ -431,12 +431,13 @@ def test_checkpoint_with_a_pickle_payload_is_refused(run, ckpts, tmp_path):
 
 
 def nan_policy_loss(monkeypatch, when):
-    import rlhf_nb.ppo as ppo
-    real = ppo.policy_loss
+    "Make the registered `vanilla` policy loss (what the trainer's `actor_loss` looks up) NaN when `when()`."
+    import rlhf_nb.core as core
+    real = core.POLICY_LOSSES["vanilla"]
     def patched(*a, **kw):
         loss, st = real(*a, **kw)
         return (loss * float("nan"), st) if when() else (loss, st)
-    monkeypatch.setattr(ppo, "policy_loss", patched)
+    monkeypatch.setitem(core.POLICY_LOSSES, "vanilla", patched)
 
 
 def test_nan_loss_once_is_skipped_and_logged(tmp_path, monkeypatch, caplog, recwarn):

@@ -9,8 +9,10 @@ CHECKS = {
     "rlhf_nb.data": "rows = m.make_arith(4, seed=1); assert len(rows) == 4 and rows[0]['data_source'] == 'arith'",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
-    "rlhf_nb.core": "import torch; x = torch.tensor([[-1.0, -2.0]]); assert torch.allclose(m.kl_penalty(x, x, 'k3'), torch.zeros_like(x))",
-    "rlhf_nb.dpo_grpo": "import torch; a = m.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2); assert a.shape == (4,)",
+    "rlhf_nb.core": "import torch; x = torch.tensor([[-1.0, -2.0]]); assert torch.allclose(m.kl_penalty(x, x, 'k3'), torch.zeros_like(x)); assert m.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2).shape == (4,)",
+    "rlhf_nb.config": "assert m.option(1, 'help').metadata['help'] == 'help'",
+    "rlhf_nb.engine": "assert m.merge_rank_metrics([{'a/max': 1.0}, {'a/max': 2.0}]) == {'a/max': 2.0}",
+    "rlhf_nb.dpo_grpo": "assert m.DPOConfig(beta=0.2).beta == 0.2",
     "rlhf_nb.launch": "assert m.main(['--help']) == 0",
 }
 OPTIONAL = {
