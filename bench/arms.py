@@ -202,10 +202,10 @@ def _phase_medians(history, warmup):
 
 
 def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
-    "rlhf-nb's GRPO config for the bench settings (GRPOConfig from rlhf_nb.dpo_grpo; PPOConfig(adv_estimator='grpo') if absent)."
-    G = C.nb("dpo_grpo", "GRPOConfig")
+    "rlhf-nb's GRPO config for the bench settings (GRPOConfig from rlhf_nb.algos; PPOConfig(adv_estimator='grpo') if absent)."
+    G = C.nb("algos", "GRPOConfig")
     P = need("ppo", "PPOConfig")
-    Cfg, src = (G, "rlhf_nb.dpo_grpo.GRPOConfig") if G is not None else (P, "rlhf_nb.ppo.PPOConfig(adv_estimator='grpo')")
+    Cfg, src = (G, "rlhf_nb.algos.GRPOConfig") if G is not None else (P, "rlhf_nb.ppo.PPOConfig(adv_estimator='grpo')")
     import dataclasses
     names = {f.name for f in dataclasses.fields(Cfg)}
     kw = dict(output_dir=str(out_dir), per_device_train_batch_size=p["prompts"], num_generations=p["generations"],
@@ -228,8 +228,8 @@ def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
 
 
 def _nb_rl_trainer(cfg, tok, model, group=False):
-    "rlhf-nb's trainer: RLTrainer, or for GRPO the GroupRLTrainer of rlhf_nb.dpo_grpo (RLTrainer + zero-signal group filter)."
-    cls = (C.nb("dpo_grpo", "GroupRLTrainer") if group else None) or need("ppo", "RLTrainer")
+    "rlhf-nb's trainer: RLTrainer, or for GRPO the GroupRLTrainer of rlhf_nb.algos (RLTrainer + zero-signal group filter)."
+    cls = (C.nb("algos", "GroupRLTrainer") if group else None) or need("ppo", "RLTrainer")
     return cls(cfg, policy=model, tokenizer=tok).init_workers()
 
 
@@ -282,7 +282,7 @@ def nb_ppo(p):
 @arm("nb_dpo")
 def nb_dpo(p):
     C.set_threads(p["threads"])
-    DPOConfig, DPOLoop = need("dpo_grpo", "DPOConfig", "DPOLoop")
+    DPOConfig, DPOLoop = need("dpo", "DPOConfig", "DPOLoop")
     tok = C.tokenizer()
     model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
     steps = p["warmup_steps"] + p["steps"]

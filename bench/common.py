@@ -57,7 +57,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>
 
 
 def using_rlhf_nb(part: str) -> bool:
-    "Whether the rlhf_nb module `part` (models, data, sft, rewards, ppo, dpo_grpo) is available."
+    "Whether the rlhf_nb module `part` (models, data, sft, rewards, ppo, algos, dpo) is available."
     return have(f"rlhf_nb.{part}")
 
 

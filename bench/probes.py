@@ -113,7 +113,7 @@ def shared_prefix(reps=3):
 
 def imports():
     "Peak RSS (MB) of a fresh interpreter after each import line."
-    steps = ["import torch", "import rlhf_nb.models", "import rlhf_nb.ppo", "import rlhf_nb.dpo_grpo", "from trl import GRPOTrainer"]
+    steps = ["import torch", "import rlhf_nb.models", "import rlhf_nb.ppo", "import rlhf_nb.algos", "from trl import GRPOTrainer"]
     code = ("import resource, sys, time\n" + "".join(
         f"t=time.time(); {s}; print({s!r}, round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024), round(time.time()-t, 1), "
         f"sorted(m for m in ('trl','peft','datasets','pandas') if m in sys.modules))\n" for s in steps))

@@ -172,8 +172,8 @@ def bench_grpo_accuracy(a, logf):
 
 
 def grpo_defaults():
-    "learning_rate and kl_coef of rlhf_nb.dpo_grpo.GRPOConfig (read in a subprocess: the runner imports no torch)."
-    code = ("import json; from rlhf_nb.dpo_grpo import GRPOConfig as G; c = G(); "
+    "learning_rate and kl_coef of rlhf_nb.algos.GRPOConfig (read in a subprocess: the runner imports no torch)."
+    code = ("import json; from rlhf_nb.algos import GRPOConfig as G; c = G(); "
             "print(json.dumps({'learning_rate': c.learning_rate, 'kl_coef': c.kl_coef, 'num_ppo_epochs': c.num_ppo_epochs}))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=arm_env(1), timeout=300)
     try: return json.loads(r.stdout.strip().splitlines()[-1])
@@ -560,7 +560,7 @@ def stand_ins():
     import ast
     need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "data": ["make_arith", "to_trl_grpo", "to_trl_dpo"],
             "rewards": ["compute_score", "trl_reward_func", "RewardManager"], "sft": ["sft_warm_start", "greedy_accuracy"],
-            "ppo": ["RLTrainer", "PPOConfig"], "dpo_grpo": ["GRPOConfig", "GroupRLTrainer", "DPOConfig", "DPOLoop"]}
+            "ppo": ["RLTrainer", "PPOConfig"], "algos": ["GRPOConfig", "GroupRLTrainer"], "dpo": ["DPOConfig", "DPOLoop"]}
     missing = {}
     for mod, names in need.items():
         path = C.REPO / "rlhf_nb" / f"{mod}.py"

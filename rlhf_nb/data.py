@@ -6,6 +6,8 @@
 from __future__ import annotations
 import os, re, sys, json, gzip, time, random, shutil, hashlib, inspect, warnings, argparse, tempfile
 from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Optional
 import torch
 import pyarrow as pa, pyarrow.parquet as pq
 from fastcore.basics import patch
@@ -17,8 +19,9 @@ __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION',
            'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed_only_string',
            'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue', 'split_preference', 'hh_row',
            'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor', 'prep_rows', 'prep_once',
-           'write_splits', 'prep', 'prep_main', 'load_or_prep', 'render_prompt', 'RLHFDataset', 'collate_fn',
-           'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
+           'write_splits', 'prep', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset', 'resolve_dataset',
+           'load_split', 'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft',
+           'to_trl_dpo', 'to_trl_grpo']
 
 # %% ../nbs/00_data.ipynb #31df47b0
 ROW_KINDS = ("rl", "sft", "pref")
@@ -560,6 +563,71 @@ def load_or_prep(name, out, **options):
         return Splits({s: read_rows(out / f"{s}.parquet") for s in SPLITS if (out / f"{s}.parquet").exists()},
                       notes=json.loads(man.read_text()).get("notes", []))
     return prep_once(_go)
+
+# %% ../nbs/00_data.ipynb #deab4022
+def _rank_prefix():
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
+
+@dataclass
+class DataArgs:
+    "Where a named dataset comes from and where it is prepared."
+    dataset_source: Optional[str] = field(default=None, metadata={"help": "Local copy (file or folder) of a named dataset such as gsm8k; default: load it from the hub."})
+    data_dir: str = field(default="runs/data", metadata={"help": "Where named datasets are prepared (DATA_DIR/NAME/{train,test}.parquet), once per machine."})
+
+
+# %% ../nbs/00_data.ipynb #1ea7ccf0
+def check_dataset(spec):
+    "Fail early (before any process starts) on a --dataset that is neither 'arith', a dataset name, nor a parquet path."
+    if spec is None or spec == "arith" or Path(str(spec)).exists(): return spec
+    if spec not in PREPROCESSORS:
+        raise FileNotFoundError(f"--dataset {spec!r}: not 'arith', not a dataset name ({', '.join(PREPROCESSORS)}), "
+                                "and not an existing parquet file or folder")
+    return spec
+
+def resolve_dataset(spec, data_dir="runs/data", source=None, quiet=False):
+    "'arith' or an existing parquet path: unchanged; a preprocessor name (gsm8k, math, hh-rlhf): prepared once into data_dir/NAME."
+    if check_dataset(spec) is None or spec == "arith" or Path(str(spec)).exists(): return spec
+    folder, options = Path(data_dir) / spec, ({"source": str(source)} if source else {})
+    def _prepare():
+        man = folder / "prep.json"
+        old = json.loads(man.read_text()) if man.exists() else {}
+        if (old.get("name"), old.get("options")) == (spec, options): return False
+        prep(spec, folder, **options)
+        return True
+    prepared = prep_once(_prepare)
+    if not quiet: print(f"{_rank_prefix()}data: {'prepared' if prepared else 'reusing'} {spec} in {folder}", file=sys.stderr)
+    return str(folder)
+
+# %% ../nbs/00_data.ipynb #f6c59bc4
+def load_split(spec, split, kind="rl", n=None, seed=0, data_dir="runs/data", source=None, arith_kw=None):
+    "Rows of split `split` of dataset `spec` ('arith', a preprocessor name, a parquet file or folder)."
+    if spec == "arith": rows = make_arith(n or (5000 if split == "train" else 500), split, seed=seed, **(arith_kw or {}))
+    else:
+        p = Path(resolve_dataset(spec, data_dir, source, quiet=True))
+        if p.is_dir():
+            files = sorted(p.glob(f"{split}*.parquet"))
+            if not files: raise FileNotFoundError(f"no {split}*.parquet file in dataset folder {p}")
+            rows = read_rows([str(f) for f in files], kind)
+        else: rows = read_rows(str(p), kind)
+        rows = rows[:n] if n else rows
+    if not rows: raise ValueError(f"dataset {spec!r} has no {split} rows")
+    return rows
+
+def read_train_test(path, kind):
+    "Rows of a parquet file (all of them train), or of train.parquet / test.parquet in a folder. -> (train_rows, test_rows)"
+    p = Path(path)
+    if p.is_dir():
+        files = {s: p / f"{s}.parquet" for s in ("train", "test")}
+        if not files["train"].exists(): raise FileNotFoundError(f"{p}: no train.parquet in this folder")
+        return read_rows(files["train"], kind), (read_rows(files["test"], kind) if files["test"].exists() else [])
+    return read_rows(p, kind), []
+
+def held_out_spec(dataset):
+    "Where the held-out rows of `dataset` are: itself for 'arith' or a folder, a sibling test*.parquet for a file, else None."
+    if dataset == "arith" or Path(dataset).is_dir(): return dataset
+    tests = sorted(Path(dataset).parent.glob("test*.parquet"))
+    return str(tests[0]) if tests else None
 
 # %% ../nbs/00_data.ipynb #3b6a1d7f
 def render_prompt(tokenizer, messages):

@@ -15,35 +15,25 @@ from pathlib import Path
 from typing import Optional
 import yaml
 from .config import ConfigError, make_parser, parse_config
+from .data import make_arith
+from .models import char_tokenizer, load_causal_lm, load_tokenizer, load_value_model
+from .rewards import make_arith_pairs, pairwise_accuracy, train_reward_model
+from .sft import greedy_accuracy, sft_train
+from .engine import (ensure_cpu_distributed, process_state, save_atomic, write_json_atomic, peak_memory,
+                            plot_metrics, DEFAULT_PANELS)
+from .data import DataArgs, check_dataset, resolve_dataset, load_split
+from .ppo import PPOConfig
+from .algos import GRPOConfig, run_rl, rl_trainer_class
+from .dpo import DPOConfig, run_dpo
+from .demo import demo_main
+from .models import check_model_path
 
 # %% auto #0
-__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'GRPO_DEFAULTS', 'ALGORITHMS', 'DPO_PANELS', 'DEMO_PRESETS',
-           'QWEN25_05B_SHAPE', 'DRY_SHAPE', 'PEAK_BF16_TFLOPS', 'ensure_cpu_distributed', 'process_state',
-           'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
-           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'DataArgs', 'check_model_path', 'check_dataset',
-           'resolve_dataset', 'with_defaults', 'grpo_config_class', 'param_checksum', 'gather_checksums',
-           'write_json_atomic', 'rl_trainer_class', 'run_rl', 'data_parallel_dpo', 'run_dpo', 'register_algorithm',
-           'check_output_dir', 'parse_train_args', 'train_main', 'relaunch', 'save_atomic', 'load_split', 'SFTArgs',
-           'sft_main', 'RMArgs', 'rm_main', 'EvalArgs', 'eval_main', 'PlotArgs', 'plot_runs', 'plot_main', 'DemoArgs',
-           'demo_rl_config', 'plot_demo', 'run_demo', 'demo_main', 'ParityReward', 'rl_throughput']
-
-# %% ../nbs/04_launch.ipynb #70d4016e
-def ensure_cpu_distributed(environ=None):
-    "Under a multi-process launcher on a machine without CUDA, set ACCELERATE_USE_CPU=1 so that accelerate sees every rank."
-    environ = os.environ if environ is None else environ
-    if int(environ.get("WORLD_SIZE", "1") or 1) <= 1: return False
-    if environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on"): return False
-    import torch
-    if torch.cuda.is_available(): return False
-    environ["ACCELERATE_USE_CPU"] = "1"
-    return True
-
-# %% ../nbs/04_launch.ipynb #2a46bcd3
-def process_state():
-    "accelerate's `PartialState`, honouring ACCELERATE_USE_CPU (which a bare `PartialState()` ignores)."
-    from accelerate import PartialState
-    from accelerate.utils import parse_flag_from_env
-    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'ALGORITHMS', 'DPO_PANELS', 'QWEN25_05B_SHAPE', 'DRY_SHAPE',
+           'PEAK_BF16_TFLOPS', 'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config',
+           'launch_command', 'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm',
+           'check_output_dir', 'parse_train_args', 'train_main', 'relaunch', 'SFTArgs', 'sft_main', 'RMArgs', 'rm_main',
+           'EvalArgs', 'eval_main', 'PlotArgs', 'plot_runs', 'plot_main', 'ParityReward', 'rl_throughput']
 
 # %% ../nbs/04_launch.ipynb #1e429388
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -225,198 +215,6 @@ class LaunchArgs:
     main_process_ip: Optional[str] = field(default=None, metadata={"help": "With --accelerate_config (multi-node): address of the machine with machine_rank 0."})
     main_process_port: Optional[int] = field(default=None, metadata={"help": "With --accelerate_config: port of the main process (0 = a free one)."})
 
-@dataclass
-class DataArgs:
-    "Where a named dataset comes from and where it is prepared."
-    dataset_source: Optional[str] = field(default=None, metadata={"help": "Local copy (file or folder) of a named dataset such as gsm8k; default: load it from the hub."})
-    data_dir: str = field(default="runs/data", metadata={"help": "Where named datasets are prepared (DATA_DIR/NAME/{train,test}.parquet), once per machine."})
-
-def check_model_path(name_or_path, what="model_name_or_path"):
-    "'tiny', an existing local folder, or something shaped like a hub name; a missing local path is an error."
-    if name_or_path in (None, ""): raise ConfigError(f"--{what} is required (a saved model folder, a hub name, or 'tiny')")
-    s = str(name_or_path)
-    if s == "tiny" or Path(s).expanduser().exists(): return s
-    if s.startswith(("/", ".", "~")) or s.count("/") > 1 or os.sep in s and s.count("/") != 1:
-        raise FileNotFoundError(f"--{what}: no such model folder {s!r}")
-    return s                                                                  # a hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct
-
-# %% ../nbs/04_launch.ipynb #1ea7ccf0
-def _rank(): return int(os.environ.get("RANK", "0") or 0)
-
-def check_dataset(spec):
-    "Fail early (before any process starts) on a --dataset that is neither 'arith', a dataset name, nor a parquet path."
-    if spec is None or spec == "arith" or Path(str(spec)).exists(): return spec
-    from rlhf_nb.data import PREPROCESSORS
-    if spec not in PREPROCESSORS:
-        raise FileNotFoundError(f"--dataset {spec!r}: not 'arith', not a dataset name ({', '.join(PREPROCESSORS)}), "
-                                "and not an existing parquet file or folder")
-    return spec
-
-def resolve_dataset(spec, data_dir="runs/data", source=None, quiet=False):
-    "'arith' or an existing parquet path: unchanged; a preprocessor name (gsm8k, math, hh-rlhf): prepared once into data_dir/NAME."
-    if check_dataset(spec) is None or spec == "arith" or Path(str(spec)).exists(): return spec
-    from rlhf_nb.data import prep, prep_once
-    folder, options = Path(data_dir) / spec, ({"source": str(source)} if source else {})
-    def _prepare():
-        man = folder / "prep.json"
-        old = json.loads(man.read_text()) if man.exists() else {}
-        if (old.get("name"), old.get("options")) == (spec, options): return False
-        prep(spec, folder, **options)
-        return True
-    prepared = prep_once(_prepare)
-    if not quiet: print(f"{_rank_prefix()}data: {'prepared' if prepared else 'reusing'} {spec} in {folder}", file=sys.stderr)
-    return str(folder)
-
-# %% ../nbs/04_launch.ipynb #0479bd13
-GRPO_DEFAULTS = dict(adv_estimator="grpo", num_generations=8, per_device_train_batch_size=16, use_kl_loss=True,
-                     kl_estimator="k3", kl_coef=0.0, whiten_advantages=False, loss_agg_mode="seq-mean-token-mean",
-                     num_ppo_epochs=1, learning_rate=1e-4, output_dir="runs/grpo")
-
-def with_defaults(cls, name, **defaults):
-    "A dataclass subclass of `cls` named `name` whose listed fields get new defaults (help text kept)."
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    bad = [k for k in defaults if k not in fields]
-    if bad: raise KeyError(f"{cls.__name__} has no field(s) {', '.join(bad)}")
-    hints = typing.get_type_hints(cls)                                  # real types, not `from __future__` strings
-    new = [(k, hints[k], field(default=v, metadata=fields[k].metadata)) for k, v in defaults.items()]
-    return dataclasses.make_dataclass(name, new, bases=(cls,))
-
-def grpo_config_class():
-    "`rlhf_nb.dpo_grpo.GRPOConfig` if defined, else `PPOConfig` with `GRPO_DEFAULTS`."
-    import rlhf_nb.dpo_grpo as dg
-    if hasattr(dg, "GRPOConfig"): return dg.GRPOConfig
-    from rlhf_nb.ppo import PPOConfig
-    return with_defaults(PPOConfig, "GRPOConfig", **GRPO_DEFAULTS)
-
-# %% ../nbs/04_launch.ipynb #aeb501a2
-def param_checksum(*modules):
-    "SHA-256 (first 16 hex digits) of every parameter's float32 bytes in name order: equal iff the weights are bit-identical."
-    h = hashlib.sha256()
-    for m in modules:
-        if m is None: continue
-        for n, p in sorted(m.named_parameters(), key=lambda t: t[0]):
-            h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-def gather_checksums(accelerator, *modules):
-    "Every rank's `param_checksum` of the (unwrapped) modules, in rank order (a collective: call on all ranks)."
-    from accelerate.utils import gather_object
-    mods = [accelerator.unwrap_model(m) if m is not None else None for m in modules]
-    return gather_object([param_checksum(*mods)])
-
-def write_json_atomic(path, obj):
-    "Write `obj` as JSON to `path` via a temp file and a rename."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str)); os.replace(tmp, path)
-    return path
-
-# %% ../nbs/04_launch.ipynb #3c527ac2
-def _peak_memory():
-    "Peak resident memory of this process (GB) and, with CUDA, peak allocated GPU memory (GB)."
-    out = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
-    try:
-        import torch
-        if torch.cuda.is_available(): out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
-    except Exception: pass
-    return out
-
-def rl_trainer_class(cfg):
-    "The trainer for `cfg`: the GRPO module's `GroupRLTrainer` (zero-signal group filtering) for a GRPOConfig, else `RLTrainer`."
-    import rlhf_nb.dpo_grpo as dg
-    from rlhf_nb.ppo import RLTrainer
-    if hasattr(dg, "GroupRLTrainer") and getattr(cfg, "filter_groups", False): return dg.GroupRLTrainer
-    return RLTrainer
-
-def run_rl(cfg, data_args=None, trainer_kwargs=None):
-    "Train `cfg` (a PPOConfig/GRPOConfig) with the RL trainer; main process writes `output_dir/summary.json`. Returns the summary."
-    data_args = data_args or DataArgs()
-    t0 = time.time()
-    cfg.dataset = resolve_dataset(cfg.dataset, data_args.data_dir, data_args.dataset_source)
-    if cfg.eval_dataset: cfg.eval_dataset = resolve_dataset(cfg.eval_dataset, data_args.data_dir, data_args.dataset_source)
-    trainer = rl_trainer_class(cfg)(cfg, **(trainer_kwargs or {}))
-    hist = trainer.fit()
-    acc = trainer.accelerator
-    sums = gather_checksums(acc, trainer.actor, trainer.critic)
-    evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
-    last = next((h for h in reversed(hist) if "score/mean" in h), {})
-    summary = {"algo": cfg.adv_estimator, "steps": trainer.global_step, "world_size": acc.num_processes,
-               "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, "eval_accuracy": evals,
-               "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-               "seconds": round(time.time() - t0, 1), **_peak_memory(), "output_dir": cfg.output_dir}
-    if acc.is_main_process:
-        write_json_atomic(Path(cfg.output_dir) / "summary.json", summary)
-        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "ranks_identical", "eval_accuracy", "seconds")}))
-    if not summary["ranks_identical"]:
-        raise RuntimeError(f"parameters differ across ranks after training: {sums}")
-    return summary
-
-# %% ../nbs/04_launch.ipynb #c5c3daf4
-def _allreduce_mean_hook(world):
-    import torch.distributed as dist
-    def hook(p):
-        dist.all_reduce(p.grad); p.grad.div_(world)
-    return hook
-
-def data_parallel_dpo(loop, num_processes=None, process_index=None):
-    "Make a `DPOLoop` data-parallel over the processes of `accelerate launch` (a no-op in one process). Returns the loop."
-    state = process_state()
-    world = state.num_processes if num_processes is None else num_processes
-    rank = state.process_index if process_index is None else process_index
-    if world == 1: return loop
-    import torch, torch.distributed as dist
-    with torch.no_grad():
-        for p in loop.model.parameters(): dist.broadcast(p.data, 0)
-    for p in loop.model.parameters():
-        if p.requires_grad: p.register_post_accumulate_grad_hook(_allreduce_mean_hook(world))
-    loop.config.per_device_train_batch_size *= world                         # the loop draws the global batch...
-    compute_loss, evaluate, log = loop.compute_loss, loop.evaluate, loop._log
-    def sharded_loss(idx, split="train"):
-        if split != "train": return compute_loss(idx, split)
-        loss, m = compute_loss(list(idx)[rank::world], split)                # ...and each rank its slice of it
-        keys = sorted(m)
-        vals = torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
-        dist.all_reduce(vals); vals /= world
-        return loss, dict(zip(keys, vals.tolist()))
-    loop.compute_loss = sharded_loss
-    loop.evaluate = lambda *a, **k: evaluate(*a, **k) if rank == 0 else {}
-    loop._log = lambda row: log(row) if rank == 0 else loop.history.append(row)
-    loop.data_parallel = (rank, world)
-    return loop
-
-def run_dpo(cfg, data_args=None):
-    "Train `cfg` (a DPOConfig) with the DPO loop, data-parallel under `accelerate launch`; main process saves and writes summary.json."
-    import torch
-    import rlhf_nb.dpo_grpo as dg
-    if not hasattr(dg, "DPOLoop"): raise ConfigError("rlhf-nb dpo: this version of rlhf_nb.dpo_grpo has no DPOLoop yet")
-    from rlhf_nb.models import load_tokenizer, load_causal_lm, ensure_chat_ready
-    state, t0 = process_state(), time.time()
-    torch.manual_seed(cfg.seed)
-    path = cfg.model_name_or_path
-    if path == "tiny" and getattr(cfg, "warm_start_dir", None):
-        from rlhf_nb.sft import sft_warm_start
-        with state.main_process_first(): path = sft_warm_start(cfg.warm_start_dir)
-    tok = ensure_chat_ready(load_tokenizer(path, verbose=False), verbose=False)
-    model = load_causal_lm(path, seed=cfg.seed)
-    train, ev, prompts = dg.dpo_data(cfg, model, tok)                          # seeded: the same pairs on every rank
-    loop = data_parallel_dpo(dg.DPOLoop(cfg, model, tok, train, ev, prompts))
-    hist = loop.fit()
-    from accelerate.utils import gather_object
-    sums = gather_object([param_checksum(loop.model)]) if state.num_processes > 1 else [param_checksum(loop.model)]
-    summary = {"algo": "dpo", "steps": loop.step, "world_size": state.num_processes, "param_checksums": sums,
-               "ranks_identical": len(set(sums)) == 1, "n_pairs": len(train),
-               "eval_reward_accuracy": [(h["step"], h["eval_rewards/accuracies"]) for h in hist if "eval_rewards/accuracies" in h],
-               "eval_accuracy": [(h["step"], h["eval_accuracy"]) for h in hist if "eval_accuracy" in h],
-               "final": {k: v for k, v in hist[-1].items() if isinstance(v, (int, float))} if hist else {},
-               "seconds": round(time.time() - t0, 1), **_peak_memory(), "output_dir": cfg.output_dir}
-    if state.is_main_process:
-        summary["final_model"] = loop.save()
-        write_json_atomic(Path(cfg.output_dir) / "summary.json", summary)
-        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "ranks_identical", "eval_reward_accuracy", "seconds")}))
-    state.wait_for_everyone()
-    if not summary["ranks_identical"]: raise RuntimeError(f"parameters differ across ranks after training: {sums}")
-    return summary
-
 # %% ../nbs/04_launch.ipynb #51f8b851
 ALGORITHMS = {}
 
@@ -425,13 +223,6 @@ def register_algorithm(name, config, run, help=""):
     ALGORITHMS[name] = (config, run)
     register_subcommand(name, functools.partial(train_main, name), help)
 
-def _ppo_config():
-    from rlhf_nb.ppo import PPOConfig
-    return PPOConfig
-
-def _dpo_config():
-    from rlhf_nb.dpo_grpo import DPOConfig
-    return DPOConfig
 
 def _arg_types(algo):
     "The dataclasses parsed for `algo`: its config, the data options it lacks, the launch options."
@@ -485,9 +276,9 @@ def relaunch(name, argv, dry_run=False):
     print(f"rlhf-nb: {' '.join(cmd)}", file=sys.stderr)
     return subprocess.call(cmd, env=launch_env(settings))
 
-register_algorithm("ppo", _ppo_config, run_rl, "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
-register_algorithm("grpo", grpo_config_class, run_rl, "GRPO (group-relative advantages, no critic) with the same trainer")
-register_algorithm("dpo", _dpo_config, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
+register_algorithm("ppo", lambda: PPOConfig, run_rl, "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
+register_algorithm("grpo", lambda: GRPOConfig, run_rl, "GRPO (group-relative advantages, no critic) with the same trainer")
+register_algorithm("dpo", lambda: DPOConfig, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
 
 # %% ../nbs/04_launch.ipynb #c977708e
 def _single_process(name):
@@ -502,34 +293,7 @@ def _fresh_output_dir(path, overwrite):
         raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
     return p
 
-def save_atomic(out, write):
-    "Call `write(tmp_folder)` then rename the folder to `out` (replacing an old one). Returns `out`."
-    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}"); os.replace(out, old); os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else: os.replace(tmp, out)
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
-def load_split(spec, split, kind="rl", n=None, seed=0, data_dir="runs/data", source=None, arith_kw=None):
-    "Rows of split `split` of dataset `spec` ('arith', a preprocessor name, a parquet file or folder)."
-    from rlhf_nb.data import make_arith, read_rows
-    if spec == "arith": rows = make_arith(n or (5000 if split == "train" else 500), split, seed=seed, **(arith_kw or {}))
-    else:
-        p = Path(resolve_dataset(spec, data_dir, source, quiet=True))
-        if p.is_dir():
-            files = sorted(p.glob(f"{split}*.parquet"))
-            if not files: raise FileNotFoundError(f"no {split}*.parquet file in dataset folder {p}")
-            rows = read_rows([str(f) for f in files], kind)
-        else: rows = read_rows(str(p), kind)
-        rows = rows[:n] if n else rows
-    if not rows: raise ValueError(f"dataset {spec!r} has no {split} rows")
-    return rows
 
 # %% ../nbs/04_launch.ipynb #1d1177af
 @dataclass
@@ -559,8 +323,6 @@ def sft_main(argv=None):
     (a,) = parse_config((SFTArgs,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb sft", description=SFTArgs.__doc__)
     _single_process("sft"); check_model_path(a.model_name_or_path)
     out = _fresh_output_dir(a.output_dir, a.overwrite_output_dir)
-    from rlhf_nb.models import load_causal_lm, load_tokenizer
-    from rlhf_nb.sft import sft_train, greedy_accuracy
     train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
     evals = load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
     tok, model = load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed)
@@ -605,8 +367,6 @@ def rm_main(argv=None):
     (a,) = parse_config((RMArgs,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb rm", description=RMArgs.__doc__)
     _single_process("rm"); check_model_path(a.model_name_or_path)
     out = _fresh_output_dir(a.output_dir, a.overwrite_output_dir)
-    from rlhf_nb.models import load_value_model, load_tokenizer
-    from rlhf_nb.rewards import train_reward_model, make_arith_pairs, pairwise_accuracy
     if a.dataset == "arith":
         train, evals = make_arith_pairs(a.n_train, "train", seed=a.seed), make_arith_pairs(a.eval_size, "test", seed=a.seed)
     else:
@@ -647,8 +407,6 @@ def eval_main(argv=None):
     (a,) = parse_config((EvalArgs,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb eval", description=EvalArgs.__doc__)
     check_model_path(a.model_name_or_path)
     if a.split not in ("train", "test"): raise ConfigError(f"--split must be train or test, not {a.split!r}")
-    from rlhf_nb.models import load_causal_lm, load_tokenizer
-    from rlhf_nb.sft import greedy_accuracy
     rows = load_split(a.dataset, a.split, "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
     tok, model = load_tokenizer(a.model_name_or_path, verbose=False), load_causal_lm(a.model_name_or_path)
     res = greedy_accuracy(model.eval(), tok, rows, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
@@ -669,9 +427,8 @@ class PlotArgs:
     output: str = field(default="curves.png", metadata={"help": "Image file to write."})
 
 def plot_runs(runs, output):
-    "Plot the metrics of `runs` (folders or metrics.jsonl files) with rlhf_nb.ppo.plot_metrics and save to `output`."
+    "Plot the metrics of `runs` (folders or metrics.jsonl files) with rlhf_nb.engine.plot_metrics and save to `output`."
     import matplotlib; matplotlib.use("Agg")
-    from rlhf_nb.ppo import plot_metrics, DEFAULT_PANELS
     labels = {}
     for r in runs:
         p = Path(r)
@@ -695,182 +452,7 @@ register_subcommand("sft", "rlhf_nb.launch:sft_main", "supervised fine-tuning (c
 register_subcommand("rm", "rlhf_nb.launch:rm_main", "train a Bradley-Terry reward model on preference pairs")
 register_subcommand("eval", "rlhf_nb.launch:eval_main", "greedy held-out accuracy of a saved policy")
 register_subcommand("plot", "rlhf_nb.launch:plot_main", "plot metrics.jsonl of one or more runs to a PNG")
-
-# %% ../nbs/04_launch.ipynb #36caf046
-DEMO_PRESETS = {   # RL settings per (model kind, algorithm); any of them can be overridden on the command line
-    ("tiny", "grpo"): dict(per_device_train_batch_size=16, num_generations=8, learning_rate=2e-4, max_completion_length=16,
-                           num_ppo_epochs=1, kl_coef=0.0, temperature=1.0, eval_batch_size=256, arith_train_size=20000),
-    ("tiny", "ppo"): dict(per_device_train_batch_size=64, learning_rate=1e-4, max_completion_length=16, num_ppo_epochs=2,
-                          mini_batch_size=32, kl_coef=0.01, temperature=1.0, eval_batch_size=256, arith_train_size=20000),
-    ("hub", "grpo"): dict(per_device_train_batch_size=16, num_generations=8, learning_rate=1e-6, max_completion_length=512,
-                          max_prompt_length=512, num_ppo_epochs=1, kl_coef=0.0, temperature=1.0, eval_batch_size=64),
-    ("hub", "ppo"): dict(per_device_train_batch_size=32, learning_rate=1e-6, critic_learning_rate=5e-6,
-                         max_completion_length=512, max_prompt_length=512, num_ppo_epochs=1, mini_batch_size=16,
-                         gradient_accumulation_steps=2, kl_coef=0.05, temperature=1.0, eval_batch_size=64),
-}
-
-@dataclass
-class DemoArgs:
-    "The whole pipeline in one command: tiny model -> SFT to a threshold -> GRPO (or PPO) -> evaluation, curves, summary."
-    algo: str = field(default="grpo", metadata={"help": "RL algorithm after SFT.", "choices": ["grpo", "ppo"]})
-    model_name_or_path: str = field(default="tiny", metadata={"help": "'tiny' (built here, SFT first) or a chat model (folder or hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct; no SFT)."})
-    dataset: str = field(default="arith", metadata={"help": "'arith' (built-in task) or a dataset name such as gsm8k (prepared once into data_dir)."})
-    dataset_source: Optional[str] = field(default=None, metadata={"help": "Local copy of a named dataset (default: the hub)."})
-    data_dir: str = field(default="runs/data", metadata={"help": "Where named datasets are prepared."})
-    output_dir: str = field(default="runs/demo", metadata={"help": "Where metrics.jsonl, curves.png, model/ and summary.json are written."})
-    sft_target_accuracy: float = field(default=0.3, metadata={"help": "tiny: stop SFT once held-out accuracy reaches this."})
-    sft_max_seconds: float = field(default=330, metadata={"help": "tiny: stop SFT after this many seconds even below the target."})
-    rl_max_seconds: Optional[float] = field(default=120, metadata={"help": "Stop RL after this many seconds (None = max_steps only)."})
-    time_budget: Optional[float] = field(default=450, metadata={"help": "tiny: wall-time target of the whole demo in seconds; RL gets what SFT leaves (at least 45 s, at most rl_max_seconds). None = no budget."})
-    max_steps: int = field(default=400, metadata={"help": "Maximum RL steps."})
-    eval_steps: int = field(default=10, metadata={"help": "Held-out greedy evaluation every this many RL steps (and at the start and end)."})
-    eval_size: int = field(default=300, metadata={"help": "Held-out prompts per evaluation."})
-    learning_rate: Optional[float] = field(default=None, metadata={"help": "RL learning rate (default: the preset's)."})
-    per_device_train_batch_size: Optional[int] = field(default=None, metadata={"help": "Prompts per RL step (default: the preset's)."})
-    num_generations: Optional[int] = field(default=None, metadata={"help": "GRPO completions per prompt (default: the preset's)."})
-    max_completion_length: Optional[int] = field(default=None, metadata={"help": "Maximum new tokens (default: the preset's)."})
-    bf16: Optional[bool] = field(default=None, metadata={"help": "bf16 mixed precision (default: on with CUDA)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the model, SFT and RL (the task's data seed stays 0)."})
-    threads: Optional[int] = field(default=None, metadata={"help": "torch CPU threads (default: 1 when the machine's load average is at least its core count, where one thread is faster, else torch's default)."})
-
-def demo_rl_config(a, model_path):
-    "The RL config of a demo run: the preset for (model kind, algo), then the options given explicitly."
-    kind = "tiny" if a.model_name_or_path == "tiny" else "hub"
-    kw = dict(DEMO_PRESETS[(kind, a.algo)])
-    for k in ("learning_rate", "per_device_train_batch_size", "num_generations", "max_completion_length", "bf16"):
-        if getattr(a, k) is not None: kw[k] = getattr(a, k)
-    if "bf16" not in kw:
-        import torch; kw["bf16"] = torch.cuda.is_available()
-    if a.algo == "ppo": kw.pop("num_generations", None)
-    cls = grpo_config_class() if a.algo == "grpo" else _ppo_config()
-    return cls(model_name_or_path=model_path, output_dir=a.output_dir, dataset=a.dataset, max_steps=a.max_steps,
-               max_seconds=a.rl_max_seconds, eval_steps=a.eval_steps, eval_size=a.eval_size, seed=a.seed,
-               save_final=False, **kw)
-
-# %% ../nbs/04_launch.ipynb #22b19c90
-def plot_demo(output_dir, sft_info=None):
-    "curves.png of a demo run: held-out accuracy over wall time (SFT then RL), training reward, KL and entropy."
-    import matplotlib; matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from rlhf_nb.ppo import read_metrics
-    out = Path(output_dir)
-    rows = read_metrics(out / "metrics.jsonl")
-    t_sft = (sft_info or {}).get("train_seconds") or 0.0
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    ax = axes[0]
-    if sft_info and sft_info.get("evals"):
-        ev = sft_info["evals"]
-        ax.plot([e["seconds"] for e in ev], [100 * e["eval_accuracy"] for e in ev], "o-", ms=3, c="tab:gray", label="SFT")
-    rl = [(t_sft + r.get("time/elapsed", 0.0), 100 * r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    if rl: ax.plot(*zip(*rl), "o-", ms=3, c="tab:blue", label="RL")
-    if t_sft: ax.axvline(t_sft, ls="--", c="k", lw=0.8)
-    ax.set(title="held-out greedy accuracy (%)", xlabel="seconds (SFT, then RL)"); ax.legend(fontsize=8)
-    steps = [r for r in rows if "score/mean" in r]
-    ax = axes[1]
-    if steps:
-        x, y = [r["step"] for r in steps], [r["score/mean"] for r in steps]
-        ax.plot(x, y, c="tab:blue", alpha=0.35, lw=0.8)
-        k = max(1, len(y) // 15); sm = [sum(y[max(0, i - k + 1):i + 1]) / len(y[max(0, i - k + 1):i + 1]) for i in range(len(y))]
-        ax.plot(x, sm, c="tab:blue", label=f"running mean of {k}"); ax.legend(fontsize=8)
-    ax.set(title="training reward (mean score)", xlabel="RL step")
-    ax = axes[2]
-    for a_, key, c in ((ax, "actor/entropy", "tab:green"), (ax.twinx(), "kl/mean", "tab:red")):
-        pts = [(r["step"], r[key]) for r in steps if key in r]
-        if pts: a_.plot(*zip(*pts), c=c, lw=1)
-        a_.set_ylabel(key, color=c, fontsize=9); a_.tick_params(axis="y", labelcolor=c)
-    ax.set(title="policy entropy and KL to the reference", xlabel="RL step")
-    fig.tight_layout()
-    tmp = out / ".curves.tmp.png"; fig.savefig(tmp, dpi=110); os.replace(tmp, out / "curves.png"); plt.close(fig)
-    return out / "curves.png"
-
-# %% ../nbs/04_launch.ipynb #a5a4cfac
-def _table(rows):
-    "A plain-text table of `rows` (lists of strings), first row the header."
-    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: "  ".join(c.ljust(w[i]) if i == 0 else c.rjust(w[i]) for i, c in enumerate(r))
-    return "\n".join([line(rows[0]), "  ".join("-" * x for x in w)] + [line(r) for r in rows[1:]])
-
-def run_demo(a, sft_kw=None):
-    "Run the demo described by `a` (DemoArgs); returns the summary dict (also written to output_dir/summary.json)."
-    from rlhf_nb.sft import sft_warm_start, greedy_accuracy
-    check_model_path(a.model_name_or_path)
-    out, t0, tiny = Path(a.output_dir), time.time(), a.model_name_or_path == "tiny"
-    if out.exists() and not out.is_dir(): raise FileExistsError(f"--output_dir {out} exists and is not a folder")
-    if tiny and a.dataset != "arith": raise ConfigError("the tiny model is SFT-trained on the built-in task: use --dataset arith with it")
-    if a.algo not in ("grpo", "ppo"): raise ConfigError(f"--algo must be grpo or ppo, not {a.algo!r}")
-    ensure_cpu_distributed()
-    import torch
-    threads, a._load_start = torch.get_num_threads(), os.getloadavg()[0]
-    if a.threads or os.getloadavg()[0] >= (os.cpu_count() or 1):
-        torch.set_num_threads(a.threads or 1)    # on a busy CPU one thread beats two (measured in the SFT notebook)
-    try: return _run_demo(a, out, t0, tiny, sft_kw)
-    finally: torch.set_num_threads(threads)
-
-def _run_demo(a, out, t0, tiny, sft_kw):
-    import torch
-    from rlhf_nb.sft import sft_warm_start, greedy_accuracy
-    sft_info, acc_init = None, None
-    if tiny:
-        from rlhf_nb.data import make_arith
-        from rlhf_nb.models import char_tokenizer, tiny_causal_lm
-        tok = char_tokenizer()
-        acc_init = greedy_accuracy(tiny_causal_lm(tok, seed=a.seed), tok, make_arith(min(a.eval_size, 100), "test"),
-                                   batch_size=256)["accuracy"]
-        print(f"[1/4] SFT of the tiny model on the arithmetic task until held-out accuracy >= {a.sft_target_accuracy:.0%} "
-              f"(at most {a.sft_max_seconds:.0f} s; cached in {out / 'sft'})", file=sys.stderr)
-        with process_state().main_process_first():       # under a launcher: rank 0 trains, the others reuse its folder
-            model_path = sft_warm_start(out / "sft", seed=a.seed, target_accuracy=a.sft_target_accuracy,
-                                        max_seconds=a.sft_max_seconds, **{"n_final_eval": 0, **(sft_kw or {})})
-        sft_info = json.loads((Path(model_path) / "sft_info.json").read_text())
-    else:
-        print(f"[1/4] {a.model_name_or_path}: a chat model, no SFT stage", file=sys.stderr)
-        model_path = a.model_name_or_path
-        a.dataset = resolve_dataset(a.dataset, a.data_dir, a.dataset_source)
-    t_sft = time.time() - t0
-    cfg = demo_rl_config(a, model_path)
-    if tiny and a.time_budget:                 # keep ~30 s for the final evaluation, saving and plotting
-        left = max(45.0, a.time_budget - t_sft - 30)
-        cfg.max_seconds = min(cfg.max_seconds or left, left)
-    print(f"[2/4] {a.algo.upper()} from the SFT policy: at most {cfg.max_steps} steps / {cfg.max_seconds} s, "
-          f"held-out accuracy on {cfg.eval_size} prompts every {cfg.eval_steps} steps", file=sys.stderr)
-    trainer = rl_trainer_class(cfg)(cfg)
-    hist = trainer.fit()
-    t_rl = time.time() - t0 - t_sft
-    evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
-    if not trainer.accelerator.is_main_process: return {}
-    print(f"[3/4] saving the policy to {out / 'model'}", file=sys.stderr)
-    save_atomic(out / "model", lambda tmp: (trainer.unwrapped_policy.save_pretrained(tmp), trainer.tokenizer.save_pretrained(tmp)))
-    print(f"[4/4] curves -> {out / 'curves.png'}", file=sys.stderr)
-    plot_demo(out, sft_info)
-    acc_sft, acc_rl = evals[0][1], evals[-1][1]
-    summary = {"algo": a.algo, "model": a.model_name_or_path, "dataset": cfg.dataset, "eval_size": cfg.eval_size,
-               "accuracy": {"init": acc_init, "after_sft": acc_sft, "after_rl": acc_rl,
-                            "gain_points": round(100 * (acc_rl - acc_sft), 1)},
-               "rl_evals": evals, "rl_steps": trainer.global_step,
-               "seconds": {"sft": round(t_sft, 1), "rl": round(t_rl, 1), "total": round(time.time() - t0, 1)},
-               "sft_cached": bool(sft_info) and t_sft < 0.5 * (sft_info.get("train_seconds") or 0),
-               **_peak_memory(), "torch_threads": torch.get_num_threads(),
-               "load_avg_1min": {"start": getattr(a, "_load_start", None), "end": os.getloadavg()[0]},
-               "sft_info": sft_info, "rl_config": dataclasses.asdict(cfg)}
-    write_json_atomic(out / "summary.json", summary)
-    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"
-    rows = [["stage", "held-out accuracy", "seconds"],
-            ["initial model" if tiny else "base model", pct(acc_init) if tiny else pct(acc_sft), "-"]]
-    if tiny: rows.append(["after SFT" + (" (cached)" if summary["sft_cached"] else ""), pct(acc_sft), f"{t_sft:.0f}"])
-    rows.append([f"after {a.algo.upper()} ({trainer.global_step} steps)", pct(acc_rl), f"{t_rl:.0f}"])
-    mem = f"peak memory {summary['peak_rss_gb']:.2f} GB RSS" + (f", {summary['peak_gpu_gb']:.2f} GB GPU" if "peak_gpu_gb" in summary else "")
-    print("\n" + _table(rows) + f"\n\ntotal {summary['seconds']['total'] / 60:.1f} min, {mem}; "
-          f"{a.algo.upper()} gained {summary['accuracy']['gain_points']:+.1f} points on {cfg.eval_size} held-out prompts\n"
-          f"outputs in {out}/: metrics.jsonl, curves.png, model/, summary.json")
-    return summary
-
-def demo_main(argv=None):
-    "`rlhf-nb demo [--algo grpo|ppo] [--model_name_or_path M --dataset D] [--key value ...]`."
-    (a,) = parse_config((DemoArgs,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb demo", description=DemoArgs.__doc__)
-    run_demo(a)
-    return 0
-
-register_subcommand("demo", "rlhf_nb.launch:demo_main", "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
+register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
 
 # %% ../nbs/04_launch.ipynb #c4d9160b
 QWEN25_05B_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -899,8 +481,6 @@ def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_
     "Random-init model of `shape` (default Qwen2.5-0.5B's) through `steps` timed RL steps: tokens/s, step time, memory, MFU."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from rlhf_nb.models import char_tokenizer
-    from rlhf_nb.data import make_arith
     cuda = torch.cuda.is_available()
     shape = dict(QWEN25_05B_SHAPE if shape is None else shape)
     tok = char_tokenizer()
@@ -911,8 +491,7 @@ def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_
     common = dict(output_dir=output_dir or tempfile.mkdtemp(prefix="rl_throughput-"), max_steps=warmup_steps + steps,
                   per_device_train_batch_size=prompts_per_step, max_completion_length=max_completion_length, eval_steps=0,
                   save_final=False, disable_tqdm=True, bf16=cuda if bf16 is None else bf16, seed=seed)
-    cfg = (grpo_config_class()(num_generations=G, **common) if algo == "grpo"
-           else _ppo_config()(kl_coef=0.05, **common))
+    cfg = (GRPOConfig(num_generations=G, **common) if algo == "grpo" else PPOConfig(kl_coef=0.05, **common))
     from accelerate.state import AcceleratorState
     if AcceleratorState._shared_state.get("_mixed_precision") not in (None, "bf16" if cfg.bf16 else "no"):
         AcceleratorState._reset_state()         # accelerate fixes the precision per process; a benchmark may change it
@@ -937,7 +516,7 @@ def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_
             "rollout_s": mean("time/rollout"), "logprobs_s": mean("time/logprobs"), "update_s": mean("time/update"),
             "gen_tokens_per_s": episodes * R / mean("time/rollout"), "tokens_per_s": T / step_s,
             "tflops": flops / step_s / 1e12, "mfu": flops / step_s / (peak * 1e12) if peak else None,
-            **_peak_memory(), "world_size": trainer.world}
+            **peak_memory(), "world_size": trainer.world}
 
 # %% ../nbs/04_launch.ipynb #65552d24
 #| eval: false

@@ -12,12 +12,13 @@ from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
+from .config import ConfigError
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'char_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm',
            'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'load_tokenizer',
-           'load_causal_lm', 'load_value_model']
+           'load_causal_lm', 'load_value_model', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -223,3 +224,13 @@ def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, 
         tok = tokenizer if tokenizer is not None else load_tokenizer(src, trust_remote_code=trust_remote_code, verbose=False)
         vm.config.pad_token_id = tok.pad_token_id
     return vm
+
+# %% ../nbs/00a_models.ipynb #3b9352f3
+def check_model_path(name_or_path, what="model_name_or_path"):
+    "'tiny', an existing local folder, or something shaped like a hub name; a missing local path is an error."
+    if name_or_path in (None, ""): raise ConfigError(f"--{what} is required (a saved model folder, a hub name, or 'tiny')")
+    s = str(name_or_path)
+    if s == "tiny" or Path(s).expanduser().exists(): return s
+    if s.startswith(("/", ".", "~")) or s.count("/") > 1 or os.sep in s and s.count("/") != 1:
+        raise FileNotFoundError(f"--{what}: no such model folder {s!r}")
+    return s                                                                  # a hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct

@@ -20,6 +20,11 @@ from .core import (logprobs_from_logits, logprobs_and_entropy, masked_mean, mask
                           estimator_needs_critic, eos_response_mask, UnknownEstimatorError, AGG_MODES, actor_loss, get_policy_loss,
                           forward_attention_mask)
 from .models import intra_op_threads, decode_threads
+from .data import RLHFDataset, make_arith, read_rows
+from .config import parse_config
+from .models import ensure_chat_ready, load_causal_lm, load_tokenizer, load_value_model, value_model_from_policy
+from .rewards import RewardManager
+from .sft import greedy_accuracy, sft_warm_start
 
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
@@ -362,7 +367,6 @@ def make_adamw(params, lr, weight_decay=0.0):
 
 def _load_rows(spec, split, config, n=None):
     "Rows for dataset spec 'arith' or a parquet file/folder."
-    from rlhf_nb.data import make_arith, read_rows
     if spec == "arith":
         return make_arith(n or (config.arith_train_size if split == "train" else config.eval_size), split=split, seed=config.data_seed)
     p = Path(spec)
@@ -401,10 +405,8 @@ def init_workers(self: RLTrainer):
     set_seed(cfg.seed)
     # policy + tokenizer
     if self.tokenizer is None or self.policy is None:
-        from rlhf_nb.models import load_tokenizer, load_causal_lm
         path = cfg.model_name_or_path
         if path == "tiny" and cfg.warm_start_dir:
-            from rlhf_nb.sft import sft_warm_start
             with acc.main_process_first(): path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
         if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left")
         if self.policy is None:
@@ -412,14 +414,12 @@ def init_workers(self: RLTrainer):
             self.policy = load_causal_lm(path, seed=cfg.seed)
     tok = self.tokenizer
     if tok.pad_token_id is None or tok.eos_token_id is None:
-        from rlhf_nb.models import ensure_chat_ready
         ensure_chat_ready(tok)
     disable_dropout(self.policy)
     # critic (built before any LoRA wrapping, from the plain policy's backbone)
     critic = None
     if self.critic_mode == "separate":
         if self.value_model is None:
-            from rlhf_nb.models import value_model_from_policy, load_value_model
             base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
             self.value_model = (load_value_model(cfg.value_model_name_or_path) if cfg.value_model_name_or_path
                                 else value_model_from_policy(base))
@@ -449,7 +449,6 @@ def init_workers(self: RLTrainer):
                          f"itself a multiple of gradient_accumulation_steps ({cfg.gradient_accumulation_steps})")
     # reward
     if self.reward_manager is None:
-        from rlhf_nb.rewards import RewardManager
         self.reward_manager = RewardManager(tok)
     # optimisers and schedulers
     from transformers import get_scheduler
@@ -479,7 +478,6 @@ def init_workers(self: RLTrainer):
 
 def _rlhf_dataset(data, tokenizer, max_prompt_length):
     "The data module's `RLHFDataset` (imported lazily)."
-    from rlhf_nb.data import RLHFDataset
     return RLHFDataset(data, tokenizer, max_prompt_length=max_prompt_length)
 
 # %% ../nbs/02_ppo.ipynb #87ef88a5
@@ -801,7 +799,6 @@ def evaluate(self: RLTrainer):
     "Held-out greedy accuracy on the main process: {'eval/accuracy', 'eval/n'} (empty dict on other ranks)."
     out = {}
     if self.accelerator.is_main_process and self.eval_dataset:
-        from rlhf_nb.sft import greedy_accuracy
         pol = self.unwrapped_policy
         was = pol.training
         res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
@@ -1124,7 +1121,6 @@ def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
 def ppo_main(argv=None):
     "Entry point: `rlhf-nb ppo --config configs/ppo_arith.yaml [--key value ...]`; returns 0."
     import sys
-    from rlhf_nb.launch import parse_config
     (cfg,) = parse_config((PPOConfig,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb ppo")
     trainer = RLTrainer(cfg)
     hist = trainer.fit()

@@ -19,8 +19,8 @@ import torch
 REC = Path(os.environ["RLHF_NB_TEST_RECORD"]); REC.mkdir(parents=True, exist_ok=True)
 SEEDED = os.environ.get("RLHF_NB_TEST_SEEDED_ROLLOUT") == "1"
 
-from rlhf_nb import launch, ppo, rewards
-import rlhf_nb.dpo_grpo as dg
+from rlhf_nb import launch, ppo, rewards, engine
+import rlhf_nb.dpo as dg
 
 
 @rewards.register_reward("test_digits")
@@ -83,7 +83,7 @@ if hasattr(dg, "DPOLoop"):
 
 rc = launch.main(sys.argv[1:])
 
-state = launch.process_state()
+state = engine.process_state()
 if "trainer" in captured:
     t = captured["trainer"]
     modules = [t.accelerator.unwrap_model(t.actor), t.accelerator.unwrap_model(t.critic) if t.critic is not None else None]
@@ -97,5 +97,5 @@ clean = lambda h: {k: v for k, v in h.items() if isinstance(v, (int, float)) and
 (REC / f"rank{state.process_index}.json").write_text(json.dumps({
     "rc": rc, "rank": state.process_index, "world": state.num_processes, "steps": rec["steps"],
     "local_scores": rec["local_scores"], "history": [clean(h) for h in history],
-    "checksum": launch.param_checksum(*modules)}))
+    "checksum": engine.param_checksum(*modules)}))
 sys.exit(rc)

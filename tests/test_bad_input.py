@@ -407,7 +407,7 @@ def test_checkpoint_from_another_algorithm(run, ckpts, tmp_path, algo, source):
 
 
 def test_dpo_resume_from_an_rl_checkpoint(run, ckpts, tmp_path):
-    from rlhf_nb.dpo_grpo import DPOConfig
+    from rlhf_nb.dpo import DPOConfig
     assert "resume_from_checkpoint" in {f.name for f in dataclasses.fields(DPOConfig)}, "DPO cannot resume yet"
     one_line(*run("dpo", "--output_dir", tmp_path / "o", *TINY_DPO, "--resume_from_checkpoint", ckpts / "ppo" / "checkpoint-1"),
              str(ckpts / "ppo" / "checkpoint-1"))
@@ -463,7 +463,7 @@ def test_nan_loss_k_steps_in_a_row_stops_with_one_line(run, tmp_path, monkeypatc
 
 
 def test_dpo_nan_loss_stops_with_one_line(run, tmp_path, monkeypatch):
-    import rlhf_nb.dpo_grpo as dg
+    import rlhf_nb.dpo as dg
     real = dg.dpo_loss
     monkeypatch.setattr(dg, "dpo_loss", lambda *a, **kw: tuple(x * float("nan") for x in real(*a, **kw)))
     k = dg.DPOConfig().max_nan_steps

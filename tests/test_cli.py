@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_nb import launch
+from rlhf_nb import launch, demo
+from rlhf_nb.algos import GRPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -58,7 +59,7 @@ def test_training_help_lists_every_option_with_its_help(tmp_path, algo):
 
 
 @pytest.mark.parametrize("name,dc", [("sft", launch.SFTArgs), ("rm", launch.RMArgs), ("eval", launch.EvalArgs),
-                                     ("plot", launch.PlotArgs), ("demo", launch.DemoArgs)])
+                                     ("plot", launch.PlotArgs), ("demo", demo.DemoArgs)])
 def test_stage_help_lists_every_option(tmp_path, name, dc):
     r = rlhf_nb(name, "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -121,7 +122,7 @@ def test_grpo_ppo_cli_and_chain_to_eval_and_plot(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert (s["steps"], s["world_size"], s["ranks_identical"], s["algo"]) == (2, 1, True, "grpo")   # CLI beat the YAML
-    assert s["final"]["kl_coef"] == launch.grpo_config_class()().kl_coef and "critic/vf_loss" not in s["final"]
+    assert s["final"]["kl_coef"] == GRPOConfig().kl_coef and "critic/vf_loss" not in s["final"]
     assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["checkpoint-2", "metrics.jsonl", "summary.json"]
     r = rlhf_nb("ppo", "--max_steps", "1", "--output_dir", "p", *TINY_RL, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlhf_nb import launch
+from rlhf_nb.algos import GRPOConfig
 from rlhf_nb.data import make_arith
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +97,7 @@ def test_config_file_alone_gives_one_rank_without_accelerate_use_cpu(tmp_path):
 # --- GRPO -----------------------------------------------------------------------------------------------------
 
 def grpo_args(out, per_device, data_dir, source):
-    fields = {f.name for f in dataclasses.fields(launch.grpo_config_class())}
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     args = ["grpo", "--dataset", "rows", "--dataset_source", source, "--data_dir", data_dir, "--output_dir", out,
             "--per_device_train_batch_size", per_device, "--num_generations", 4, "--max_steps", 3, "--save_steps", 2,
             "--max_completion_length", 8, "--learning_rate", 1e-3, "--kl_coef", 0.01, "--eval_steps", 0,

@@ -62,7 +62,6 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(strict=True, reason="the layered-house redesign removes these module by module; strict: passing fails until this mark goes")
 def test_no_function_local_import_of_own_modules():
     bad = [f"rlhf_nb/{m}.py:{line} imports rlhf_nb.{dep}" for m, (_, nested) in import_graph().items() for line, dep in nested]
     assert not bad, "imports of the package's own modules inside functions:\n" + "\n".join(bad)

@@ -12,7 +12,10 @@ CHECKS = {
     "rlhf_nb.core": "import torch; x = torch.tensor([[-1.0, -2.0]]); assert torch.allclose(m.kl_penalty(x, x, 'k3'), torch.zeros_like(x)); assert m.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2).shape == (4,)",
     "rlhf_nb.config": "assert m.option(1, 'help').metadata['help'] == 'help'",
     "rlhf_nb.engine": "assert m.merge_rank_metrics([{'a/max': 1.0}, {'a/max': 2.0}]) == {'a/max': 2.0}",
-    "rlhf_nb.dpo_grpo": "assert m.DPOConfig(beta=0.2).beta == 0.2",
+    "rlhf_nb.dpo": "assert m.DPOConfig(beta=0.2).beta == 0.2",
+    "rlhf_nb.algos": "assert m.GRPOConfig().num_generations > 1",
+    "rlhf_nb.trl_pipelines": "assert callable(m.trl_pipeline)",
+    "rlhf_nb.demo": "assert ('tiny', 'grpo') in m.DEMO_PRESETS",
     "rlhf_nb.launch": "assert m.main(['--help']) == 0",
 }
 OPTIONAL = {

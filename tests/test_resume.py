@@ -46,7 +46,7 @@ RL_EXTRA = ["--disable_tqdm", "true"]
 
 def dpo_has_checkpoints():
     "Fail fast (before starting processes) while the DPO loop has no checkpoint options."
-    from rlhf_nb.dpo_grpo import DPOConfig
+    from rlhf_nb.dpo import DPOConfig
     names = {f.name for f in dataclasses.fields(DPOConfig)}
     missing = {"save_steps", "save_total_limit", "resume_from_checkpoint"} - names
     assert not missing, f"DPOConfig has no {sorted(missing)}"

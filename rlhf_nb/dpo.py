@@ -12,14 +12,18 @@ import torch
 import torch.nn.functional as F
 from .core import (masked_mean, logprobs_from_logits, forward_attention_mask, informative_groups,
                           GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE)
+from . import data
+from .data import validate_rows
+from .models import ensure_chat_ready, load_causal_lm, load_tokenizer
+from .rewards import compute_score
+from .data import read_train_test, resolve_dataset, DataArgs
+from .engine import list_checkpoints, process_state, param_checksum, write_json_atomic, peak_memory
+from .sft import greedy_accuracy, sft_warm_start
 
 # %% auto #0
-__all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'CKPT_FILES', 'TRL_PIPELINES', 'TRL_PLOT_PANELS', 'dpo_loss', 'encode_pair',
-           'collate_pairs', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
-           'arith_preference_rows', 'DPOLoop', 'dpo_checkpoints', 'dpo_data', 'dpo_train', 'pipeline_arguments',
-           'TRLPipeline', 'register_trl_pipeline', 'get_trl_pipeline', 'parse_trl_args', 'load_model_and_tokenizer',
-           'pipeline_rows', 'pipeline_datasets', 'default_reward_funcs', 'trl_pipeline', 'log_history_series',
-           'plot_trl_dynamics', 'GRPOConfig', 'select_rows', 'GroupRLTrainer', 'run_grpo']
+__all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'CKPT_FILES', 'dpo_loss', 'encode_pair', 'collate_pairs', 'sequence_logps',
+           'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows', 'DPOLoop',
+           'dpo_checkpoints', 'dpo_data', 'dpo_train', 'data_parallel_dpo', 'run_dpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -189,9 +193,8 @@ def sample_completions(model, tokenizer, prompts, num_samples=4, max_new_tokens=
 
 def arith_preference_rows(rows, policy=None, tokenizer=None, num_samples=4, temperature=1.0, seed=0, score_fn=None):
     "Preference rows for rule-scored rows: chosen = the reference completion, rejected = the policy's own wrong sample (else a perturbed answer)."
-    from rlhf_nb.data import validate_rows
     validate_rows(rows, "sft")
-    if score_fn is None: from rlhf_nb.rewards import compute_score as score_fn
+    score_fn = score_fn or compute_score
     rng = random.Random(seed)
     samples = (sample_completions(policy, tokenizer, [r["prompt"] for r in rows], num_samples, temperature=temperature)
                if policy is not None else [[] for _ in rows])
@@ -300,7 +303,6 @@ def evaluate(self: DPOLoop, batch_size=64):
                 for k, v in m.items(): sums[k] = sums.get(k, 0.0) + v * len(idx)
         out.update({f"eval_{k}": v / n for k, v in sums.items()})
     if self.eval_prompts:
-        from rlhf_nb.sft import greedy_accuracy
         out["eval_accuracy"] = greedy_accuracy(self.model, self.tokenizer, self.eval_prompts)["accuracy"]
     self.model.train(was_training)
     return out
@@ -336,7 +338,7 @@ def _open_run(self: DPOLoop):
     self.history = keep
 
 def _rank_world(loop):
-    "(rank, world size) of a loop made data-parallel by `rlhf_nb.launch.data_parallel_dpo`, else (0, 1)."
+    "(rank, world size) of a loop made data-parallel by `data_parallel_dpo`, else (0, 1)."
     return getattr(loop, "data_parallel", (0, 1))
 
 def _barrier(world):
@@ -346,8 +348,7 @@ def _barrier(world):
 
 def dpo_checkpoints(output_dir):
     "Checkpoint folders `checkpoint-N` in `output_dir`, oldest first (temporary folders are not checkpoints): the RL trainer's rule."
-    from rlhf_nb.ppo import _checkpoints
-    return _checkpoints(output_dir)
+    return list_checkpoints(output_dir)
 
 @patch
 def save_checkpoint(self: DPOLoop):
@@ -482,7 +483,6 @@ def save(self: DPOLoop, path=None):
 # %% ../nbs/03_dpo_grpo.ipynb #b556643c
 def dpo_data(config, policy=None, tokenizer=None):
     "(train_pairs, eval_pairs, eval_prompts) for `config.dataset`: 'arith', 'hh-rlhf' or a parquet file/folder of preference rows."
-    from rlhf_nb import data
     n, n_eval = config.num_pairs, config.num_eval_pairs
     if config.dataset == "arith":
         sampler = policy if config.rejected_from_policy else None
@@ -495,17 +495,15 @@ def dpo_data(config, policy=None, tokenizer=None):
         else: rows = splits["test"]; train, ev = rows[:n], rows[n:n + n_eval]     # a test-only local file: split it
         return train, ev, None
     if Path(config.dataset).exists():
-        train, ev = _read_row_files(config.dataset, "pref")
+        train, ev = read_train_test(config.dataset, "pref")
         return train[:n], ev[:n_eval], None
     raise ValueError(f"dataset must be 'arith', 'hh-rlhf' or an existing parquet file/folder, not {config.dataset!r}")
 
 def dpo_train(config, model=None, tokenizer=None):
     "Load the policy, build pairs, train with `DPOLoop`, save to output_dir/final. -> summary dict (history, evals, paths)"
-    from rlhf_nb.models import load_tokenizer, load_causal_lm, ensure_chat_ready
     torch.manual_seed(config.seed)
     path = config.model_name_or_path
     if path == "tiny" and config.warm_start_dir and model is None:
-        from rlhf_nb.sft import sft_warm_start
         path = sft_warm_start(config.warm_start_dir)
     tokenizer = ensure_chat_ready(tokenizer or load_tokenizer(path))
     model = model or load_causal_lm(path)
@@ -519,306 +517,63 @@ def dpo_train(config, model=None, tokenizer=None):
             "eval_accuracy": [(h["step"], h["eval_accuracy"]) for h in evals if "eval_accuracy" in h],
             "final_model": loop.save(), "output_dir": config.output_dir, "history": loop.history}
 
-# %% ../nbs/03_dpo_grpo.ipynb #7152c105
-import functools, importlib
-from transformers import HfArgumentParser
+# %% ../nbs/03_dpo_grpo.ipynb #c5c3daf4
+def _allreduce_mean_hook(world):
+    import torch.distributed as dist
+    def hook(p):
+        dist.all_reduce(p.grad); p.grad.div_(world)
+    return hook
 
-def _trl():
-    "TRL, imported on first use: it pulls in peft, datasets and pandas (~240 MB, seconds), which the native trainers never need."
-    import trl
-    return trl
+def data_parallel_dpo(loop, num_processes=None, process_index=None):
+    "Make a `DPOLoop` data-parallel over the processes of `accelerate launch` (a no-op in one process). Returns the loop."
+    state = process_state()
+    world = state.num_processes if num_processes is None else num_processes
+    rank = state.process_index if process_index is None else process_index
+    if world == 1: return loop
+    import torch, torch.distributed as dist
+    with torch.no_grad():
+        for p in loop.model.parameters(): dist.broadcast(p.data, 0)
+    for p in loop.model.parameters():
+        if p.requires_grad: p.register_post_accumulate_grad_hook(_allreduce_mean_hook(world))
+    loop.config.per_device_train_batch_size *= world                         # the loop draws the global batch...
+    compute_loss, evaluate, log = loop.compute_loss, loop.evaluate, loop._log
+    def sharded_loss(idx, split="train"):
+        if split != "train": return compute_loss(idx, split)
+        loss, m = compute_loss(list(idx)[rank::world], split)                # ...and each rank its slice of it
+        keys = sorted(m)
+        vals = torch.tensor([float(m[k]) for k in keys], dtype=torch.float64)
+        dist.all_reduce(vals); vals /= world
+        return loss, dict(zip(keys, vals.tolist()))
+    loop.compute_loss = sharded_loss
+    loop.evaluate = lambda *a, **k: evaluate(*a, **k) if rank == 0 else {}
+    loop._log = lambda row: log(row) if rank == 0 else loop.history.append(row)
+    loop.data_parallel = (rank, world)
+    return loop
 
-@functools.cache
-def pipeline_arguments():
-    "The `PipelineArguments` dataclass (built on first use, as it subclasses TRL's `ScriptArguments`)."
-    @dataclass
-    class PipelineArguments(_trl().ScriptArguments):
-        "TRL's `ScriptArguments` plus where rlhf-nb finds rows: a preprocessor name (arith, gsm8k, math, hh-rlhf), a parquet file or a hub dataset."
-        dataset_name: str | None = field(default="arith", metadata={"help": "rlhf-nb preprocessor (arith, gsm8k, math, hh-rlhf), a parquet file/dir of rows, or a hub dataset in TRL's columns."})
-        dataset_source: str | None = field(default=None, metadata={"help": "Local file or folder the preprocessor reads (None = the hub)."})
-        num_train_rows: int | None = field(default=None, metadata={"help": "Keep this many training rows (arith: generate this many)."})
-        num_eval_rows: int | None = field(default=None, metadata={"help": "Keep this many eval rows (arith: generate this many)."})
-    PipelineArguments.__module__ = __name__
-    return PipelineArguments
-
-def __getattr__(name):
-    "`rlhf_nb.dpo_grpo.PipelineArguments` still works: built when first asked for."
-    if name == "PipelineArguments": return pipeline_arguments()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-@dataclass
-class TRLPipeline:
-    "One registry entry: TRL's config and trainer classes (or 'module.Name' paths, imported on first use), and the row converter."
-    config_class: type | str
-    trainer_class: type | str
-    to_dataset: callable
-    row_kind: str                       # rows it needs: 'sft', 'pref' or 'rl'
-    needs_rewards: bool = False
-
-TRL_PIPELINES = {}
-
-def register_trl_pipeline(name, config_class, trainer_class, to_dataset, row_kind, needs_rewards=False):
-    "Register (or overwrite) the TRL trainer `name` (e.g. 'SFT') for `trl_pipeline`."
-    TRL_PIPELINES[name.upper()] = TRLPipeline(config_class, trainer_class, to_dataset, row_kind, needs_rewards)
-
-def _resolve(obj):
-    "A class, or the class named by a 'module.Name' path."
-    if not isinstance(obj, str): return obj
-    mod, _, name = obj.rpartition(".")
-    return getattr(importlib.import_module(mod), name)
-
-def get_trl_pipeline(name):
-    "The registry entry for `name` (case-insensitive), its classes imported; unknown names list the known ones."
-    if name.upper() not in TRL_PIPELINES:
-        raise KeyError(f"unknown TRL pipeline {name!r}; registered: {', '.join(TRL_PIPELINES)}")
-    e = TRL_PIPELINES[name.upper()]
-    e.config_class, e.trainer_class = _resolve(e.config_class), _resolve(e.trainer_class)
-    return e
-
-def _data_converters():
-    from rlhf_nb.data import to_trl_sft, to_trl_dpo, to_trl_grpo
-    return to_trl_sft, to_trl_dpo, to_trl_grpo
-
-_sft, _dpo, _grpo = _data_converters()
-register_trl_pipeline("SFT", "trl.SFTConfig", "trl.SFTTrainer", _sft, "sft")
-register_trl_pipeline("DPO", "trl.DPOConfig", "trl.DPOTrainer", _dpo, "pref")
-register_trl_pipeline("GRPO", "trl.GRPOConfig", "trl.GRPOTrainer", _grpo, "rl", needs_rewards=True)
-register_trl_pipeline("RLOO", "trl.RLOOConfig", "trl.RLOOTrainer", _grpo, "rl", needs_rewards=True)
-
-# %% ../nbs/03_dpo_grpo.ipynb #8627441e
-def _cpu_defaults():
-    "Defaults that make TRL's configs run on a CPU-only machine (fp32, no checkpointing); empty when a GPU is present."
-    if torch.cuda.is_available(): return {}
-    return {"bf16": False, "fp16": False, "use_cpu": True, "gradient_checkpointing": False}
-
-def parse_trl_args(name, args=None, config=None, **overrides):
-    "(ScriptArguments, <Trainer>Config, ModelConfig) for pipeline `name` from YAML `config`, CLI `args` and `overrides`."
-    entry, trl = get_trl_pipeline(name), _trl()
-    parser = trl.TrlParser((pipeline_arguments(), entry.config_class, trl.ModelConfig))
-    parser.set_defaults(report_to="none", output_dir=f"runs/trl_{name.lower()}", model_name_or_path="tiny", **_cpu_defaults())
-    argv = list(args or [])
-    if config is not None:
-        if not Path(config).is_file(): raise FileNotFoundError(f"config file not found: {config}")
-        argv = ["--config", str(config)] + argv
-    script_args, train_args, model_args, rest = parser.parse_args_and_config(argv, return_remaining_strings=True)
-    if rest: raise ValueError(f"unknown option(s) for the {name.upper()} pipeline: {' '.join(rest)}")
-    objs = [script_args, train_args, model_args]
-    for k, v in overrides.items():
-        owners = [o for o in objs if k in {f.name for f in dataclasses.fields(o)}]
-        if not owners: raise ValueError(f"unknown option {k!r} for the {name.upper()} pipeline")
-        for o in owners: setattr(o, k, v)
-    return script_args, train_args, model_args
-
-# %% ../nbs/03_dpo_grpo.ipynb #a3636456
-def load_model_and_tokenizer(model_args, model=None, tokenizer=None):
-    "The policy and its chat-ready tokenizer from a `trl.ModelConfig` (either may be passed in ready-made)."
-    from rlhf_nb.models import load_tokenizer, load_causal_lm, ensure_chat_ready
-    trl = _trl()
-    if (model_args.load_in_4bit or model_args.load_in_8bit) and not torch.cuda.is_available():
-        raise ValueError("load_in_4bit / load_in_8bit (bitsandbytes quantisation) need a CUDA GPU; this machine has none")
-    name = model_args.model_name_or_path or getattr(model, "name_or_path", None)
-    if tokenizer is None:
-        if not name: raise ValueError("model_name_or_path is not set and no tokenizer was passed")
-        tokenizer = load_tokenizer(name, padding_side="left")
-    tokenizer = ensure_chat_ready(tokenizer)
-    quant = trl.get_quantization_config(model_args)
-    if model is None:
-        if not name: raise ValueError("model_name_or_path is not set and no model was passed")
-        if quant is None: model = load_causal_lm(name, dtype=None if model_args.dtype in (None, "auto") else model_args.dtype)
-        else:
-            from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(name, revision=model_args.model_revision, dtype=model_args.dtype,
-                                                         attn_implementation=model_args.attn_implementation,
-                                                         quantization_config=quant, device_map=trl.get_kbit_device_map())
-    if getattr(model.config, "pad_token_id", None) is None: model.config.pad_token_id = tokenizer.pad_token_id
-    return model, tokenizer
-
-def _read_row_files(path, kind):
-    "Rows from a parquet file, or from train/test parquet files in a folder. -> (train_rows, test_rows)"
-    from rlhf_nb.data import read_rows
-    p = Path(path)
-    if p.is_dir():
-        files = {s: p / f"{s}.parquet" for s in ("train", "test")}
-        if not files["train"].exists(): raise FileNotFoundError(f"{p}: no train.parquet in this folder")
-        return read_rows(files["train"], kind), (read_rows(files["test"], kind) if files["test"].exists() else [])
-    return read_rows(p, kind), []
-
-def pipeline_rows(script_args, row_kind, seed=0):
-    "rlhf-nb rows of `row_kind` ('sft', 'pref', 'rl') for `script_args.dataset_name`; None when it is a hub dataset. -> (train, test)"
-    from rlhf_nb import data
-    name = script_args.dataset_name
-    if name is None: raise ValueError("dataset_name is not set (and no train_dataset was passed)")
-    if name in data.PREPROCESSORS:
-        opts = {"n_train": script_args.num_train_rows, "n_test": script_args.num_eval_rows}
-        if name != "arith": opts["source"] = script_args.dataset_source
-        if name == "hh-rlhf": opts["variant"] = {"pref": "rm", "sft": "sft", "rl": "rl"}[row_kind]
-        splits = data.prep(name, **{k: v for k, v in opts.items() if v is not None})
-        train, test = splits.get("train", []), splits.get("test", [])
-    elif Path(name).exists(): train, test = _read_row_files(name, "rl")
-    else: return None
-    if row_kind == "pref" and train and "chosen" not in train[0]:
-        if "completion" not in train[0]:
-            raise ValueError(f"{name}: DPO needs preference rows (chosen/rejected) or rows with a 'completion' to pair")
-        train, test = arith_preference_rows(train, seed=seed), arith_preference_rows(test, seed=seed + 1)
-    return train, test
-
-def _as_trl_dataset(data, convert):
-    "A `datasets.Dataset` as is; a list of rlhf-nb rows through `convert`; None stays None."
-    if data is None or not isinstance(data, list): return data
-    return convert(data) if data else None
-
-def pipeline_datasets(entry, script_args, train_dataset=None, eval_dataset=None, seed=0):
-    "Train/eval datasets in the columns `entry`'s trainer expects."
-    if train_dataset is None:
-        rows = pipeline_rows(script_args, entry.row_kind, seed)
-        if rows is None:                                                        # a hub dataset, TRL columns
-            import datasets
-            ds = datasets.load_dataset(script_args.dataset_name, script_args.dataset_config)
-            return ds[script_args.dataset_train_split], ds.get(script_args.dataset_test_split)
-        train_dataset, eval_dataset = rows if eval_dataset is None else (rows[0], eval_dataset)
-    return _as_trl_dataset(train_dataset, entry.to_dataset), _as_trl_dataset(eval_dataset, entry.to_dataset)
-
-# %% ../nbs/03_dpo_grpo.ipynb #11319ed1
-def _reloadable(model, tokenizer, output_dir):
-    "TRL rebuilds a frozen reference from `model.config._name_or_path`: an in-memory model gets a saved copy to point at."
-    if getattr(model.config, "_name_or_path", "") not in ("", "tiny"): return model
-    path = Path(output_dir) / "initial_model"
-    model.save_pretrained(path); tokenizer.save_pretrained(path)
-    model.config._name_or_path = str(path)
-    return model
-
-def default_reward_funcs():
-    "rlhf-nb's rule rewards (dispatched on each row's `data_source`) as TRL `reward_funcs`."
-    from rlhf_nb.rewards import trl_reward_func
-    return [trl_reward_func()]
-
-def trl_pipeline(name, args=None, *, config=None, model=None, tokenizer=None, train_dataset=None, eval_dataset=None,
-                 reward_funcs=None, train=True, save=True, **overrides):
-    "Run TRL's `name` trainer ('SFT', 'DPO', 'GRPO', 'RLOO') on rlhf-nb data from YAML/flags/kwargs. -> the trainer"
-    entry = get_trl_pipeline(name)
-    script_args, train_args, model_args = parse_trl_args(name, args, config, **overrides)
-    model, tokenizer = load_model_and_tokenizer(model_args, model, tokenizer)
-    train_ds, eval_ds = pipeline_datasets(entry, script_args, train_dataset, eval_dataset, seed=train_args.seed)
-    peft_config = _trl().get_peft_config(model_args)
-    if getattr(train_args, "beta", 0.0) != 0.0 and peft_config is None:        # TRL will build a reference copy
-        model = _reloadable(model, tokenizer, train_args.output_dir)
-    kwargs = dict(model=model, args=train_args, train_dataset=train_ds, eval_dataset=eval_ds,
-                  processing_class=tokenizer, peft_config=peft_config)
-    if entry.needs_rewards: kwargs["reward_funcs"] = reward_funcs if reward_funcs is not None else default_reward_funcs()
-    trainer = entry.trainer_class(**kwargs)
-    if train:
-        trainer.train()
-        if save: trainer.save_model(train_args.output_dir)
-    return trainer
-
-# %% ../nbs/03_dpo_grpo.ipynb #f8a2e7d6
-TRL_PLOT_PANELS = {
-    "loss": ["loss", "eval_loss"],
-    "KL": ["kl", "objective/kl", "eval_kl"],
-    "entropy": ["entropy", "eval_entropy"],
-    "reward": ["reward", "eval_reward", "rewards/chosen", "rewards/rejected", "rewards/margins", "eval_rewards/margins"],
-    "accuracy": ["rewards/accuracies", "eval_rewards/accuracies", "mean_token_accuracy", "eval_accuracy"],
-}
-
-def log_history_series(history, keys=None):
-    "Numeric series `{key: (steps, values)}` from a TRL log history (or trainer); keys missing from every row are skipped."
-    if hasattr(history, "state"): history = history.state.log_history
-    out = {}
-    for i, row in enumerate(history):
-        step = row.get("step", i)
-        for k, v in row.items():
-            if k == "step" or (keys is not None and k not in keys): continue
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                s = out.setdefault(k, ([], [])); s[0].append(step); s[1].append(v)
-    return out
-
-def plot_trl_dynamics(history, panels=None, title=None):
-    "One matplotlib panel per family of logged keys that is present (loss, KL, entropy, reward, accuracy). -> Figure"
-    import matplotlib.pyplot as plt
-    panels = panels or TRL_PLOT_PANELS
-    series = log_history_series(history)
-    present = {p: [k for k in ks if k in series] for p, ks in panels.items()}
-    present = {p: ks for p, ks in present.items() if ks}
-    if not present: raise ValueError(f"nothing to plot: the history has none of the keys {sorted(k for ks in panels.values() for k in ks)}")
-    fig, axes = plt.subplots(1, len(present), figsize=(3.6 * len(present), 2.8), squeeze=False)
-    for ax, (p, ks) in zip(axes[0], present.items()):
-        for k in ks: ax.plot(*series[k], marker="." if len(series[k][0]) < 30 else None, label=k)
-        ax.set_title(p); ax.set_xlabel("step"); ax.legend(fontsize=7)
-    if title: fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/03_dpo_grpo.ipynb #92499108
-from .ppo import PPOConfig, RLTrainer
-
-def _f(default, help, **kw): return field(default=default, metadata={"help": help, **kw})
-
-@dataclass
-class GRPOConfig(PPOConfig):
-    "`PPOConfig` with GRPO's defaults: group advantages, no critic, k3 KL in the loss, zero-signal groups dropped."
-    output_dir: str = _f("runs/grpo", "Where metrics.jsonl, checkpoints and the final model are written.")
-    adv_estimator: str = _f("grpo", "Critic-free estimator from the registry: grpo, dr_grpo, rloo, reinforce_plus_plus(_baseline).")
-    num_generations: int = _f(8, "Completions sampled per prompt (the group).")
-    per_device_train_batch_size: int = _f(16, "Prompts per step per process (each sampled num_generations times).")
-    num_ppo_epochs: int = _f(1, "Updates per batch of rollouts (1 = strictly on-policy).")
-    learning_rate: float = _f(3e-4, "Actor learning rate (AdamW); large because the tiny default model has 1M parameters (1e-3 collapses it).")
-    whiten_advantages: bool = _f(False, "Whiten advantages over the batch (GRPO normalises inside each group instead).")
-    use_kl_loss: bool = _f(True, "KL to the reference in the loss (GRPO) rather than in the reward.")
-    kl_estimator: str = _f("k3", "Per-token KL estimator in the loss: k3 is unbiased and never negative.")
-    kl_coef: float = _f(0.01, "beta: weight of the KL loss (0 with ref_strategy='none' removes the reference).")
-    beta: Optional[float] = _f(None, "TRL's name for kl_coef; when set it overrides kl_coef.")
-    loss_type: str = _f("dapo", "Token-loss aggregation as in TRL: grpo, bnpo, dr_grpo or dapo (sets loss_agg_mode).")
-    filter_groups: bool = _f(True, "Drop groups whose completions all got the same score (zero advantage) before the update.")
-    warm_start_dir: Optional[str] = _f(None, "With model 'tiny': supervised warm start on the arithmetic task first, saved here and reused.")
-
-    def __post_init__(self):
-        if self.beta is not None: self.kl_coef = self.beta
-        if self.loss_type not in GRPO_LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {self.loss_type!r}")
-        self.loss_agg_mode = LOSS_TYPE_TO_AGG_MODE[self.loss_type]
-        if self.adv_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.num_generations < 2:
-            raise ValueError(f"adv_estimator {self.adv_estimator!r} compares completions of one prompt: num_generations must be >= 2")
-        super().__post_init__()
-
-# %% ../nbs/03_dpo_grpo.ipynb #dff57850
-def select_rows(data, idx):
-    "Rows `idx` of a rollout dict: tensors with a batch dimension are indexed, per-row lists picked, the rest kept."
-    n, idx_list = len(data["responses"]), idx.tolist()
-    def pick(v):
-        if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n: return v[idx]
-        if isinstance(v, list) and len(v) == n: return [v[i] for i in idx_list]
-        return v
-    return {k: pick(v) for k, v in data.items()}
-
-class GroupRLTrainer(RLTrainer):
-    "`RLTrainer` that drops groups without reward spread before the update when `config.filter_groups` is set."
-    def compute_scores(self, data):
-        "Scores as in `RLTrainer`, then (filter_groups) only the rows of informative groups are kept."
-        data, metrics = super().compute_scores(data)
-        G = self.config.num_generations
-        self._batch_scores = scores = data["token_level_scores"].sum(-1)
-        if not getattr(self.config, "filter_groups", False) or G < 2: return data, metrics
-        if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
-            raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
-                             "ranks keep different numbers of rows and must take the same number of optimiser steps")
-        keep = informative_groups(scores, G)
-        metrics = {**(metrics or {}), "informative_frac": keep.float().mean().item()}
-        if not keep.any(): keep[:G] = True
-        if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
-        return data, metrics
-
-    def step(self):
-        "One RL step (see `RLTrainer.step`), with score statistics of the whole sampled batch."
-        m = super().step()
-        s = self._batch_scores.float()
-        stats = torch.stack([s.mean(), s.max()])[None]                 # [1,2]
-        if self.world > 1: stats = self.accelerator.gather(stats.to(self.accelerator.device))   # [world,2]
-        m["score/mean"], m["score/max"] = float(stats[:, 0].mean()), float(stats[:, 1].max())
-        return m
-
-# %% ../nbs/03_dpo_grpo.ipynb #38fc0e05
-def run_grpo(config, **trainer_kw):
-    "Train with GRPO (or another critic-free estimator) from a `GRPOConfig`. -> the trainer (history in `trainer.history`)"
-    trainer = GroupRLTrainer(config, **trainer_kw)
-    trainer.fit()
-    return trainer
+def run_dpo(cfg, data_args=None):
+    "Train `cfg` (a DPOConfig) with the DPO loop, data-parallel under `accelerate launch`; main process saves and writes summary.json."
+    state, t0 = process_state(), time.time()
+    torch.manual_seed(cfg.seed)
+    path = cfg.model_name_or_path
+    if path == "tiny" and getattr(cfg, "warm_start_dir", None):
+        with state.main_process_first(): path = sft_warm_start(cfg.warm_start_dir)
+    tok = ensure_chat_ready(load_tokenizer(path, verbose=False), verbose=False)
+    model = load_causal_lm(path, seed=cfg.seed)
+    train, ev, prompts = dpo_data(cfg, model, tok)                          # seeded: the same pairs on every rank
+    loop = data_parallel_dpo(DPOLoop(cfg, model, tok, train, ev, prompts))
+    hist = loop.fit()
+    from accelerate.utils import gather_object
+    sums = gather_object([param_checksum(loop.model)]) if state.num_processes > 1 else [param_checksum(loop.model)]
+    summary = {"algo": "dpo", "steps": loop.step, "world_size": state.num_processes, "param_checksums": sums,
+               "ranks_identical": len(set(sums)) == 1, "n_pairs": len(train),
+               "eval_reward_accuracy": [(h["step"], h["eval_rewards/accuracies"]) for h in hist if "eval_rewards/accuracies" in h],
+               "eval_accuracy": [(h["step"], h["eval_accuracy"]) for h in hist if "eval_accuracy" in h],
+               "final": {k: v for k, v in hist[-1].items() if isinstance(v, (int, float))} if hist else {},
+               "seconds": round(time.time() - t0, 1), **peak_memory(), "output_dir": cfg.output_dir}
+    if state.is_main_process:
+        summary["final_model"] = loop.save()
+        write_json_atomic(Path(cfg.output_dir) / "summary.json", summary)
+        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "ranks_identical", "eval_reward_accuracy", "seconds")}))
+    state.wait_for_everyone()
+    if not summary["ranks_identical"]: raise RuntimeError(f"parameters differ across ranks after training: {sums}")
+    return summary
