@@ -6,6 +6,7 @@
 from __future__ import annotations
 import copy, dataclasses, os, string
 from contextlib import contextmanager
+import torch.nn as nn
 from pathlib import Path
 import torch
 from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
@@ -17,8 +18,9 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'char_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm',
-           'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'load_tokenizer',
-           'load_causal_lm', 'load_value_model', 'check_model_path']
+           'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'disable_dropout',
+           'wrap_lora', 'is_peft_model', 'param_bytes', 'load_tokenizer', 'load_causal_lm', 'load_value_model',
+           'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -180,6 +182,40 @@ def value_model_from_policy(policy, head_std=0.0, seed=0, pad_token_id=None):
     backbone = getattr(policy, policy.base_model_prefix)
     getattr(vm, vm.base_model_prefix).load_state_dict(backbone.state_dict())
     return _init_score_head(vm, head_std, seed)
+
+# %% ../nbs/00a_models.ipynb #f930fa77
+def disable_dropout(model):
+    "Set every dropout probability to 0 (PPO's ratio must compare like with like); returns the model."
+    for m in model.modules():
+        if isinstance(m, nn.Dropout): m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for k in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if cfg is not None and isinstance(getattr(cfg, k, None), float): setattr(cfg, k, 0.0)
+    return model
+
+def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear"):
+    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy)."
+    from peft import LoraConfig, get_peft_model
+    if isinstance(target_modules, str) and target_modules != "all-linear": target_modules = target_modules.split(",")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(policy, cfg)
+
+def is_peft_model(model):
+    "Whether `model` is a PEFT model (has `disable_adapter`)."
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+# %% ../nbs/00a_models.ipynb #b291af0f
+def param_bytes(*modules):
+    "Bytes of unique parameter (and buffer) storage held by `modules`, shared storage counted once."
+    seen, total = set(), 0
+    for m in modules:
+        if m is None: continue
+        for t in list(m.parameters()) + list(m.buffers()):
+            st = t.untyped_storage()
+            key = (st.data_ptr(), t.device)
+            if key in seen: continue
+            seen.add(key); total += st.nbytes()
+    return total
 
 # %% ../nbs/00a_models.ipynb #718e317b
 def _resolve(name_or_path, what):

@@ -25,13 +25,13 @@ from .config import parse_config
 from .models import ensure_chat_ready, load_causal_lm, load_tokenizer, load_value_model, value_model_from_policy
 from .rewards import RewardManager
 from .sft import greedy_accuracy, sft_warm_start
+from .models import param_bytes, disable_dropout, wrap_lora, is_peft_model
 
 # %% auto #0
-__all__ = ['DEFAULT_PANELS', 'Role', 'param_bytes', 'disable_dropout', 'wrap_lora', 'is_peft_model', 'Reference',
-           'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
-           'make_generation_config', 'sequence_positions', 'generate_rollout', 'PPOConfig', 'RLTrainer', 'make_adamw',
-           'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units', 'loss_weights', 'read_metrics',
-           'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
+__all__ = ['DEFAULT_PANELS', 'Role', 'Reference', 'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table',
+           'TokenValueModel', 'ActorModule', 'make_generation_config', 'sequence_positions', 'generate_rollout',
+           'PPOConfig', 'RLTrainer', 'make_adamw', 'prompt_groups', 'run_concurrently', 'rollout_table', 'agg_units',
+           'loss_weights', 'read_metrics', 'CorruptCheckpoint', 'merge_rank_metrics', 'plot_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #f2b403df
 class Role(enum.Enum):
@@ -44,39 +44,7 @@ class Role(enum.Enum):
     RewardModel = 5
     ActorRolloutRef = 6
 
-# %% ../nbs/02_ppo.ipynb #b291af0f
-def param_bytes(*modules):
-    "Bytes of unique parameter (and buffer) storage held by `modules`, shared storage counted once."
-    seen, total = set(), 0
-    for m in modules:
-        if m is None: continue
-        for t in list(m.parameters()) + list(m.buffers()):
-            st = t.untyped_storage()
-            key = (st.data_ptr(), t.device)
-            if key in seen: continue
-            seen.add(key); total += st.nbytes()
-    return total
-
 # %% ../nbs/02_ppo.ipynb #df16b54f
-def disable_dropout(model):
-    "Set every dropout probability to 0 (PPO's ratio must compare like with like); returns the model."
-    for m in model.modules():
-        if isinstance(m, nn.Dropout): m.p = 0.0
-    cfg = getattr(model, "config", None)
-    for k in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
-        if cfg is not None and isinstance(getattr(cfg, k, None), float): setattr(cfg, k, 0.0)
-    return model
-
-def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear"):
-    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy)."
-    from peft import LoraConfig, get_peft_model
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(policy, cfg)
-
-def is_peft_model(model):
-    "Whether `model` is a PEFT model (has `disable_adapter`)."
-    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
-
 class Reference:
     "The reference policy of a KL penalty: strategy `copy` (frozen copy), `peft` (adapter disabled) or `none`."
     def __init__(self, policy, strategy="copy"):
@@ -426,7 +394,7 @@ def init_workers(self: RLTrainer):
         critic = TokenValueModel(disable_dropout(self.value_model))
     if cfg.use_peft and not is_peft_model(self.policy):
         self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout,
-                                cfg.lora_target_modules if cfg.lora_target_modules == "all-linear" else cfg.lora_target_modules.split(","))
+                                cfg.lora_target_modules)
     actor = ActorModule(self.policy, value_head=self.critic_mode == "shared")
     # data
     if self.train_dataset is None:
