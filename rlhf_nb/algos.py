@@ -14,9 +14,10 @@ from .core import informative_groups, GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE
 from .data import resolve_dataset, DataArgs
 from .engine import gather_checksums, write_json_atomic, peak_memory
 from .ppo import PPOConfig, RLTrainer
+from .fast import FastRLTrainer
 
 # %% auto #0
-__all__ = ['GRPOConfig', 'select_rows', 'GroupRLTrainer', 'run_grpo', 'rl_trainer_class', 'run_rl']
+__all__ = ['GroupRLTrainer', 'GRPOConfig', 'rl_trainer_class', 'run_grpo', 'run_rl']
 
 # %% ../nbs/02b_grpo.ipynb #92499108
 @dataclass
@@ -47,54 +48,20 @@ class GRPOConfig(PPOConfig):
         super().__post_init__()
 
 # %% ../nbs/02b_grpo.ipynb #dff57850
-def select_rows(data, idx):
-    "Rows `idx` of a rollout dict: tensors with a batch dimension are indexed, per-row lists picked, the rest kept."
-    n, idx_list = len(data["responses"]), idx.tolist()
-    def pick(v):
-        if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n: return v[idx]
-        if isinstance(v, list) and len(v) == n: return [v[i] for i in idx_list]
-        return v
-    return {k: pick(v) for k, v in data.items()}
+def rl_trainer_class(cfg):
+    "The trainer class `cfg` runs: `FastRLTrainer`, or the plain `RLTrainer` when `cfg.fast_paths` is False."
+    return FastRLTrainer if getattr(cfg, "fast_paths", True) else RLTrainer
 
-class GroupRLTrainer(RLTrainer):
-    "`RLTrainer` that drops groups without reward spread before the update when `config.filter_groups` is set."
-    def compute_scores(self, data):
-        "Scores as in `RLTrainer`, then (filter_groups) only the rows of informative groups are kept."
-        data, metrics = super().compute_scores(data)
-        G = self.config.num_generations
-        self._batch_scores = scores = data["token_level_scores"].sum(-1)
-        if not getattr(self.config, "filter_groups", False) or G < 2: return data, metrics
-        if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
-            raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
-                             "ranks keep different numbers of rows and must take the same number of optimiser steps")
-        keep = informative_groups(scores, G)
-        metrics = {**(metrics or {}), "informative_frac": keep.float().mean().item()}
-        if not keep.any(): keep[:G] = True
-        if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
-        return data, metrics
-
-    def step(self):
-        "One RL step (see `RLTrainer.step`), with score statistics of the whole sampled batch."
-        m = super().step()
-        s = self._batch_scores.float()
-        stats = torch.stack([s.mean(), s.max()])[None]                 # [1,2]
-        if self.world > 1: stats = self.accelerator.gather(stats.to(self.accelerator.device))   # [world,2]
-        m["score/mean"], m["score/max"] = float(stats[:, 0].mean()), float(stats[:, 1].max())
-        return m
+GroupRLTrainer = FastRLTrainer        # the old name of the GRPO trainer: group filtering is now a step of every trainer
 
 # %% ../nbs/02b_grpo.ipynb #38fc0e05
 def run_grpo(config, **trainer_kw):
     "Train with GRPO (or another critic-free estimator) from a `GRPOConfig`. -> the trainer (history in `trainer.history`)"
-    trainer = GroupRLTrainer(config, **trainer_kw)
+    trainer = rl_trainer_class(config)(config, **trainer_kw)
     trainer.fit()
     return trainer
 
 # %% ../nbs/02b_grpo.ipynb #3c527ac2
-def rl_trainer_class(cfg):
-    "The trainer for `cfg`: the GRPO module's `GroupRLTrainer` (zero-signal group filtering) for a GRPOConfig, else `RLTrainer`."
-    if getattr(cfg, "filter_groups", False): return GroupRLTrainer
-    return RLTrainer
-
 def run_rl(cfg, data_args=None, trainer_kwargs=None):
     "Train `cfg` (a PPOConfig/GRPOConfig) with the RL trainer; main process writes `output_dir/summary.json`. Returns the summary."
     data_args = data_args or DataArgs()

@@ -19,7 +19,7 @@ def option(default, help, **kw):
     if isinstance(default, (list, dict, set)): return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
-# %% ../nbs/00c_config.ipynb #1ecc1831
+# %% ../nbs/00c_config.ipynb #6cb02594
 class ConfigError(ValueError):
     "A bad configuration: the message names the option or file that is wrong."
 
@@ -39,6 +39,7 @@ def _yaml_to_args(cfg, path):
         else: args += [f"--{k}", str(v)]
     return args
 
+# %% ../nbs/00c_config.ipynb #1147642a
 def make_parser(dataclass_types, prog="rlhf-nb", description=None):
     "The `HfArgumentParser` of `dataclass_types`, plus `--config FILE.yaml` (listed in `--help`)."
     parser = _Parser(dataclass_types, prog=prog, description=description)
@@ -46,6 +47,7 @@ def make_parser(dataclass_types, prog="rlhf-nb", description=None):
                         help="YAML file of options (keys are the option names below); command-line options override it")
     return parser
 
+# %% ../nbs/00c_config.ipynb #85aae2b6
 def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None):
     "Parse `--config FILE.yaml` plus `--key value` overrides into instances of `dataclass_types` (a tuple)."
     dataclass_types = tuple(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else (dataclass_types,)

@@ -56,7 +56,7 @@ def open_metrics(output_dir, step=0, write=True):
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
     return keep
 
-# %% ../nbs/01b_engine.ipynb #7c6df361
+# %% ../nbs/01b_engine.ipynb #0ea65f84
 def metric_sinks(report_to, output_dir, config=None):
     "Callables taking a metrics row, one per sink named in `report_to` ('none', 'tensorboard', 'wandb', comma separated)."
     names = [s.strip() for s in (report_to or "none").split(",") if s.strip() and s.strip() != "none"]
@@ -73,6 +73,7 @@ def metric_sinks(report_to, output_dir, config=None):
         else: raise ValueError(f"report_to: unknown sink {s!r} (none, tensorboard, wandb)")
     return sinks
 
+# %% ../nbs/01b_engine.ipynb #2fe37e90
 class RunLog:
     "metrics.jsonl (+ `report_to` sinks) of one run: `open(step)`, then `log(row)`; rows also kept in `history`."
     def __init__(self, output_dir, report_to="none", config=None, is_main=True):

@@ -19,7 +19,7 @@ import torch
 REC = Path(os.environ["RLHF_NB_TEST_RECORD"]); REC.mkdir(parents=True, exist_ok=True)
 SEEDED = os.environ.get("RLHF_NB_TEST_SEEDED_ROLLOUT") == "1"
 
-from rlhf_nb import launch, ppo, rewards, engine
+from rlhf_nb import launch, ppo, rewards, engine, workers
 import rlhf_nb.dpo as dg
 
 
@@ -63,7 +63,7 @@ def seeded_generate_sequences(self, batch):
     prompts, prompt_mask = torch.cat([o["prompts"] for o in outs]), torch.cat([o["prompt_mask"] for o in outs])
     full = torch.cat([prompt_mask, response_mask], 1)
     out = {k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}
-    out.update(input_ids=torch.cat([prompts, responses], 1), attention_mask=full, position_ids=ppo.sequence_positions(full),
+    out.update(input_ids=torch.cat([prompts, responses], 1), attention_mask=full, position_ids=workers.sequence_positions(full),
                prompts=prompts, prompt_mask=prompt_mask, responses=responses, response_mask=response_mask,
                has_eos=torch.cat([o["has_eos"] for o in outs]))
     return out
