@@ -206,7 +206,6 @@ def sample_completions(model, tokenizer, prompts, num_samples=4, max_new_tokens=
         model.train(was_training); tokenizer.padding_side = side
     return out
 
-
 # %% ../nbs/03_dpo_grpo.ipynb #cbe96cb5
 def arith_preference_rows(rows, policy=None, tokenizer=None, num_samples=4, temperature=1.0, seed=0, score_fn=None):
     "Preference rows for rule-scored rows: chosen = the reference completion, rejected = the policy's own wrong sample (else a perturbed answer)."
