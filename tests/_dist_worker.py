@@ -71,15 +71,16 @@ def seeded_generate_sequences(self, batch):
 ppo.RLTrainer.init_workers, ppo.RLTrainer.next_batch, ppo.RLTrainer.compute_scores = init_workers, next_batch, compute_scores
 if SEEDED: ppo.RLTrainer.generate_sequences = seeded_generate_sequences
 
-if hasattr(dg, "DPOLoop"):
-    _dpo_loss, _dpo_fit = dg.DPOLoop.compute_loss, dg.DPOLoop.fit
-    def dpo_compute_loss(self, idx, split="train"):
-        if split == "train": rec["steps"].append([int(i) for i in idx])
-        return _dpo_loss(self, idx, split)
-    def dpo_fit(self):
-        captured["loop"] = self
-        return _dpo_fit(self)
-    dg.DPOLoop.compute_loss, dg.DPOLoop.fit = dpo_compute_loss, dpo_fit
+_dpo_loss, _dpo_fit = dg.DPOTrainer.compute_loss, dg.DPOTrainer.fit
+def dpo_compute_loss(self, idx, split="train"):
+    if split == "train": rec["steps"].append([int(i) for i in idx])     # this rank's slice of the global batch
+    return _dpo_loss(self, idx, split)
+def dpo_fit(self):
+    captured["dpo"] = self
+    out = _dpo_fit(self)
+    (REC / f"rank{self.rank}_dpo.json").write_text(json.dumps({"model_wrapped": type(self.model_wrapped).__name__}))
+    return out
+dg.DPOTrainer.compute_loss, dg.DPOTrainer.fit = dpo_compute_loss, dpo_fit
 
 rc = launch.main(sys.argv[1:])
 
@@ -89,7 +90,7 @@ if "trainer" in captured:
     modules = [t.accelerator.unwrap_model(t.actor), t.accelerator.unwrap_model(t.critic) if t.critic is not None else None]
     history = t.history
 else:
-    modules, history = [captured["loop"].model], captured["loop"].history
+    modules, history = [captured["dpo"].model], captured["dpo"].history           # the plain policy (DDP unwrapped)
 params = torch.cat([p.detach().float().flatten() for m in modules if m is not None
                     for _, p in sorted(m.named_parameters(), key=lambda x: x[0])])
 torch.save(params, REC / f"rank{state.process_index}_params.pt")

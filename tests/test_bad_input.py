@@ -181,6 +181,26 @@ def test_bad_rows(run, tmp_path, kind):
         RLHFDataset(bad_rows(kind), char_tokenizer())                      # the library says the same
 
 
+def pref_rows(n=6):
+    "Preference rows of the row contract: arith prompts, the right answer chosen, a wrong one rejected."
+    return [{**{k: v for k, v in r.items() if k != "completion"}, "chosen": r["completion"], "rejected": "0 #### 0"}
+            for r in make_arith(n)]
+
+
+def test_dpo_missing_preference_column(run, tmp_path):
+    "A preference row without `rejected`: one line naming file, row and column (CLI); a DataError, not a KeyError (library)."
+    rows = pref_rows(); del rows[2]["rejected"]
+    f = rows_file(tmp_path, rows)
+    one_line(*run("dpo", "--dataset", f, "--output_dir", tmp_path / "out", *TINY_DPO), f"{f}: row 2: column 'rejected' is missing")
+    assert not (tmp_path / "out").exists()
+    from rlhf_nb.dpo import DPOConfig, DPOTrainer
+    from rlhf_nb.models import tiny_causal_lm
+    tok = char_tokenizer()
+    with pytest.raises(DataError, match=r"train_rows: row 2: column 'rejected' is missing") as e:
+        DPOTrainer(DPOConfig(output_dir=str(tmp_path / "lib")), tiny_causal_lm(tok), tok, rows)
+    assert not isinstance(e.value, KeyError)
+
+
 def test_renamed_column_in_a_raw_dataset(tmp_path, capsys):
     src = tmp_path / "gsm"; src.mkdir()
     (src / "train.jsonl").write_text(json.dumps({"query": "1+1?", "answer": "2 #### 2"}) + "\n")

@@ -191,6 +191,8 @@ def dpo_args(out, per_device):
 def test_dpo_two_processes(tmp_path):
     _, two, p2 = run_worker(tmp_path / "rec2", dpo_args("out2", 4), 2, seeded=False)
     check_two_ranks(two, p2, n_per_rank=4)
+    for r in range(2):                                                # data-parallel through accelerate's DDP wrapper
+        assert json.loads((tmp_path / "rec2" / f"rank{r}_dpo.json").read_text())["model_wrapped"] == "DistributedDataParallel"
     out = tmp_path / "out2"
     assert sorted(p.name for p in out.iterdir()) == ["final", "metrics.jsonl", "summary.json"]
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
