@@ -130,8 +130,9 @@ def rng_state(extra=None):
 def set_rng_state(st, extra=None):
     "Restore what `rng_state` saved (the `extra` generators by name)."
     _set_random_state(random, st["python"])
-    n = st["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    if "numpy" in st:                                                  # (absent from files written before numpy was saved)
+        n = st["numpy"]
+        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all(st["cuda"])
     for k, r in (extra or {}).items(): _set_random_state(r, st[k])
