@@ -276,6 +276,11 @@ def train_main(algo, argv=None):
     ALGORITHMS[algo][1](cfg, data_args)
     return 0
 
+# %% ../nbs/04_launch.ipynb #3a115ba8
+register_algorithm("ppo", lambda: PPOConfig, run_rl, "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
+register_algorithm("grpo", lambda: GRPOConfig, run_rl, "GRPO (group-relative advantages, no critic) with the same trainer")
+register_algorithm("dpo", lambda: DPOConfig, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
+
 # %% ../nbs/04_launch.ipynb #8e392f47
 def relaunch(name, argv, dry_run=False):
     "Check `rlhf-nb NAME ARGV` here, then run it under `accelerate launch` with its --accelerate_config. Returns the exit status."
@@ -289,11 +294,6 @@ def relaunch(name, argv, dry_run=False):
     if dry_run: return cmd
     print(f"rlhf-nb: {' '.join(cmd)}", file=sys.stderr)
     return subprocess.call(cmd, env=launch_env(settings))
-
-# %% ../nbs/04_launch.ipynb #3a115ba8
-register_algorithm("ppo", lambda: PPOConfig, run_rl, "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
-register_algorithm("grpo", lambda: GRPOConfig, run_rl, "GRPO (group-relative advantages, no critic) with the same trainer")
-register_algorithm("dpo", lambda: DPOConfig, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
 
 # %% ../nbs/04_launch.ipynb #7fb9d092
 def _single_process(name):

@@ -112,6 +112,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if r is None: raise ValueError(f"the reward for data_source {data_source!r} returned None")
     return float(r)
 
+# %% ../nbs/01_rewards.ipynb #f61bef2f
 @register_reward("openai/gsm8k", "gsm8k", "arith")
 def gsm8k_strict_reward(solution_str, ground_truth, extra_info=None):
     "GSM8K strict (`#### N`), also used by the built-in arithmetic task."
