@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
-from .data import make_arith, load_split
+from .data import DataError, make_arith, load_split
 from .models import check_model_path, load_tokenizer, load_value_model
 from .engine import save_atomic
 
@@ -693,7 +693,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
     "Bradley–Terry training on preference rows (`prompt`, `chosen`, `rejected`); returns the history (list of dicts)."
     if not rows: raise ValueError("train_reward_model: no preference rows")
     for k in ("prompt", "chosen", "rejected"):
-        if k not in rows[0]: raise KeyError(f"train_reward_model: preference rows need {k!r} (row 0 has {sorted(rows[0])})")
+        if k not in rows[0]: raise DataError(f"train_reward_model: preference rows need column {k!r} (row 0 has {sorted(rows[0])})")
     from tqdm.auto import tqdm
     c_ids, j_ids, n_trunc = _pair_ids(tokenizer, rows, max_length)
     if n_trunc: logger.warning(f"train_reward_model: {n_trunc} of {len(rows)} pairs truncated to max_length={max_length}")

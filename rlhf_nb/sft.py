@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .config import ConfigError, option
-from .data import make_arith, load_split
+from .data import DataError, make_arith, load_split
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer
 from .engine import write_json_atomic
@@ -30,7 +30,7 @@ def render_prompt(tokenizer, row):
 
 def encode_sft_row(tokenizer, row):
     "`(prompt_ids, completion_ids)` of an SFT row; the completion ends with eos."
-    if "completion" not in row: raise KeyError(f"SFT row has no 'completion' (keys: {sorted(row)})")
+    if "completion" not in row: raise DataError(f"SFT row: column 'completion' is missing (keys: {sorted(row)})")
     p = tokenizer(render_prompt(tokenizer, row), add_special_tokens=False)["input_ids"]
     c = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p, c
