@@ -4,12 +4,12 @@
 
 # %% ../nbs/04a_demo.ipynb #73d26256
 from __future__ import annotations
-import dataclasses, json, os, sys, time
+import dataclasses, json, os, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import torch
-from .config import ConfigError, option
+from .config import ConfigError, option, parse_config
 from .data import make_arith, resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
 from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
@@ -20,7 +20,7 @@ from .algos import GRPOConfig, rl_trainer_class
 
 # %% auto #0
 __all__ = ['DEMO_PRESETS', 'DPO_PANELS', 'DemoArgs', 'demo_rl_config', 'rl_seconds', 'running_mean', 'save_figure', 'plot_demo',
-           'demo_report', 'run_demo', 'PlotArgs', 'plot_runs']
+           'demo_report', 'run_demo', 'PlotArgs', 'plot_runs', 'demo_main']
 
 # %% ../nbs/04a_demo.ipynb #456c5292
 DEMO_PRESETS = {   # (model kind, algorithm) -> the values that differ from GRPOConfig / PPOConfig (reasons in the notebook)
@@ -253,3 +253,10 @@ def plot_runs(runs, output):
         if not p.exists(): raise FileNotFoundError(f"no run folder or metrics file at {p}")
         labels[p.parent.name if p.suffix == ".jsonl" else p.name] = str(p)
     return save_figure(plot_metrics(labels, panels=DEFAULT_PANELS + DPO_PANELS), output)
+
+# %% ../nbs/04a_demo.ipynb #4f9757a5
+def demo_main(argv=None):
+    "Deprecated alias of `rlhf_nb.launch.demo_main` (the `rlhf-nb demo` command): parse DemoArgs from `argv`, run the demo."
+    warnings.warn("rlhf_nb.demo.demo_main is deprecated; use `rlhf-nb demo` (rlhf_nb.launch.demo_main)", DeprecationWarning, stacklevel=2)
+    run_demo(parse_config((DemoArgs,), sys.argv[1:] if argv is None else argv, prog="rlhf-nb demo", description=DemoArgs.__doc__)[0])
+    return 0
