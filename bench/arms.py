@@ -184,7 +184,7 @@ def trl_dpo(p):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# rlhf-nb arms: RLTrainer (PPO / GRPO) and the DPO loop
+# rlhf-nb arms: the RL trainer (PPO / GRPO) and the DPO loop
 # ----------------------------------------------------------------------------------------------------------------
 def _stamp_calls(obj, attr, stamps):
     "Wrap obj.attr so each call appends (n, wall, cpu) at its end (a per-step clock like TRL's on_step_end)."
@@ -227,10 +227,9 @@ def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
     return Cfg(**kw), src
 
 
-def _nb_rl_trainer(cfg, tok, model, group=False):
-    "rlhf-nb's trainer: RLTrainer, or for GRPO the GroupRLTrainer of rlhf_nb.algos (RLTrainer + zero-signal group filter)."
-    cls = (C.nb("algos", "GroupRLTrainer") if group else None) or need("ppo", "RLTrainer")
-    return cls(cfg, policy=model, tokenizer=tok).init_workers()
+def _nb_rl_trainer(cfg, tok, model):
+    "rlhf-nb's RL trainer for `cfg`: the class `rlhf-nb ppo|grpo` runs (rlhf_nb.algos.rl_trainer_class), on the bench's model."
+    return need("algos", "rl_trainer_class")(cfg)(cfg, policy=model, tokenizer=tok).init_workers()
 
 
 @arm("nb_grpo")
@@ -240,7 +239,7 @@ def nb_grpo(p):
     model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
     rounds = p["warmup_rounds"] + p["rounds"]
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_{os.getpid()}", rounds)
-    trainer = _nb_rl_trainer(cfg, tok, model, group=True)
+    trainer = _nb_rl_trainer(cfg, tok, model)
     stamps = [(0, *now())]
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
@@ -325,7 +324,7 @@ def nb_grpo_acc(p):
     test = C.arith_rows(p["n_eval"], "test", seed=0)
     acc0 = _accuracy(model, tok, test)
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_acc_{os.getpid()}", 10**6, max_seconds=p["wall_seconds"], timing=False)
-    trainer = _nb_rl_trainer(cfg, tok, model, group=True)
+    trainer = _nb_rl_trainer(cfg, tok, model)
     t0 = time.perf_counter(); hist = trainer.fit(); wall = time.perf_counter() - t0
     acc1 = _accuracy(trainer.unwrapped_policy if hasattr(trainer, "unwrapped_policy") else model, tok, test)
     return dict(accuracy_start=acc0, accuracy_end=acc1, accuracy_gain=acc1 - acc0, rounds_done=trainer.global_step,
@@ -480,22 +479,8 @@ def _flatten_rewards(d, source):
 # ----------------------------------------------------------------------------------------------------------------
 # --gpu: the 0.5B-shaped model (Qwen2.5-0.5B's config shape, random init, no download) in bf16
 # ----------------------------------------------------------------------------------------------------------------
-QWEN05_SHAPE = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                    intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
-                    rope_theta=1000000.0, rms_norm_eps=1e-6)
-DRY_SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=1024, max_position_embeddings=512, tie_word_embeddings=True)
-# Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from the vendors' data sheets; first match on the device name.
-PEAK_BF16_TFLOPS = [("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("B200", 2250.0),
-                    ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0), ("RTX 4090", 165.2),
-                    ("V100", 125.0), ("T4", 65.0)]
-
-
-def peak_tflops(device_name, override=None):
-    if override: return float(override), "given with --peak_tflops"
-    for key, v in PEAK_BF16_TFLOPS:
-        if key.lower() in (device_name or "").lower(): return v, f"{key} dense bf16 data-sheet peak"
-    return None, "unknown device: pass --peak_tflops"
+# The shapes and the peak-FLOPs table live in bench/throughput.py (one table for both GPU benches).
+from throughput import QWEN25_05B_SHAPE as QWEN05_SHAPE, DRY_SHAPE, PEAK_BF16_TFLOPS, peak_tflops  # noqa: E402
 
 
 @arm("gpu_model")

@@ -27,7 +27,7 @@ def _grpo_trainer(tok, p=None):
     import arms as A
     p = p or dict(prompts=16, generations=8, updates_per_generation=2, max_new_tokens=16, lr=1e-5, beta=0.0)
     cfg, _ = A._grpo_config(p, C.WORK / "probe_grpo", 10)
-    return A._nb_rl_trainer(cfg, tok, C.policy(tok), group=True)
+    return A._nb_rl_trainer(cfg, tok, C.policy(tok))
 
 
 def floor():

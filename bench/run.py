@@ -560,7 +560,7 @@ def stand_ins():
     import ast
     need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "data": ["make_arith", "to_trl_grpo", "to_trl_dpo"],
             "rewards": ["compute_score", "trl_reward_func", "RewardManager"], "sft": ["sft_warm_start", "greedy_accuracy"],
-            "ppo": ["RLTrainer", "PPOConfig"], "algos": ["GRPOConfig", "GroupRLTrainer"], "dpo": ["DPOConfig", "DPOLoop"]}
+            "ppo": ["PPOConfig"], "algos": ["GRPOConfig", "rl_trainer_class"], "dpo": ["DPOConfig", "DPOLoop"]}
     missing = {}
     for mod, names in need.items():
         path = C.REPO / "rlhf_nb" / f"{mod}.py"

@@ -5,26 +5,33 @@
 # %% ../nbs/01_rewards.ipynb #3f3f7acd
 from __future__ import annotations
 import re, os, sys, math, time, json, random, pickle, struct, signal, select, logging, threading, subprocess, atexit, warnings
+import dataclasses
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from collections import defaultdict
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .data import make_arith
+from .config import option
+from .data import DataError, make_arith, load_split
+from .models import check_model_path, load_tokenizer, load_value_model
+from .engine import save_atomic
 
 logger = logging.getLogger("rlhf_nb.rewards")
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
-           'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'register_reward',
-           'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward', 'last_boxed',
-           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'ends_with_answer_reward',
-           'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
-           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'completion_text', 'trl_reward_func',
-           'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy', 'train_reward_model',
-           'reward_playground']
+           'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'UnknownRewardError',
+           'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
+           'last_boxed', 'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward',
+           'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
+           'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
+           'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs',
+           'pairwise_accuracy', 'train_reward_model', 'fresh_output_dir', 'save_model_folder', 'RMArgs',
+           'run_reward_model', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -80,6 +87,10 @@ def gsm8k_score(solution_str, ground_truth, method="strict", format_score=0.0, s
 # %% ../nbs/01_rewards.ipynb #8ff12b75
 REWARD_REGISTRY: dict[str, Callable] = {}
 
+class UnknownRewardError(KeyError, ValueError):
+    "A `data_source` with no registered reward: a KeyError (a registry miss) and a ValueError (bad input)."
+    def __str__(self): return str(self.args[0])
+
 def register_reward(*names):
     "Decorator: register `fn(solution_str, ground_truth, extra_info=None) -> float` under each `data_source` name (overwrites)."
     if not names: raise ValueError("register_reward needs at least one data_source name")
@@ -89,9 +100,9 @@ def register_reward(*names):
     return deco
 
 def get_reward_fn(data_source):
-    "The reward function registered for `data_source` (KeyError listing the known names otherwise)."
+    "The reward function registered for `data_source` (`UnknownRewardError` listing the known names otherwise)."
     try: return REWARD_REGISTRY[data_source]
-    except KeyError: raise KeyError(f"no reward registered for data_source {data_source!r}; known: {sorted(REWARD_REGISTRY)}"
+    except KeyError: raise UnknownRewardError(f"no reward registered for data_source {data_source!r}; known: {sorted(REWARD_REGISTRY)}"
                                     " (add one with @register_reward(name))") from None
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -101,6 +112,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if r is None: raise ValueError(f"the reward for data_source {data_source!r} returned None")
     return float(r)
 
+# %% ../nbs/01_rewards.ipynb #f61bef2f
 @register_reward("openai/gsm8k", "gsm8k", "arith")
 def gsm8k_strict_reward(solution_str, ground_truth, extra_info=None):
     "GSM8K strict (`#### N`), also used by the built-in arithmetic task."
@@ -559,7 +571,7 @@ def __call__(self: RewardManager, batch):
     rule_rows = [i for i in range(B) if fields[i].get("style") != "model"]
     if self.compute_score is compute_score:              # a misspelt source is a config error, not one bad sample
         unknown = sorted({sources[i] for i in rule_rows} - set(REWARD_REGISTRY))
-        if unknown: raise KeyError(f"RewardManager: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
+        if unknown: raise UnknownRewardError(f"RewardManager: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
     scores, failures, extra = self.score_rules(texts, sources, fields, extras, rule_rows)
     ms, n_trunc = self.score_models(batch, texts, model_rows)
     scores.update(ms)
@@ -610,7 +622,7 @@ def trl_reward_func(compute_score=compute_score, data_source=None, fail_score=0.
         if any(s is None for s in sources): raise KeyError(f"{name}: no 'data_source' column and no default data_source given")
         if compute_score is globals()["compute_score"]:   # a misspelt source is a config error: raise, as RewardManager does
             unknown = sorted(set(sources) - set(REWARD_REGISTRY))
-            if unknown: raise KeyError(f"{name}: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
+            if unknown: raise UnknownRewardError(f"{name}: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
         extra_info = extra_info or [None] * n
         out, fails = [], 0
         for i, c in enumerate(completions):
@@ -681,7 +693,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
     "Bradley–Terry training on preference rows (`prompt`, `chosen`, `rejected`); returns the history (list of dicts)."
     if not rows: raise ValueError("train_reward_model: no preference rows")
     for k in ("prompt", "chosen", "rejected"):
-        if k not in rows[0]: raise KeyError(f"train_reward_model: preference rows need {k!r} (row 0 has {sorted(rows[0])})")
+        if k not in rows[0]: raise DataError(f"train_reward_model: preference rows need column {k!r} (row 0 has {sorted(rows[0])})")
     from tqdm.auto import tqdm
     c_ids, j_ids, n_trunc = _pair_ids(tokenizer, rows, max_length)
     if n_trunc: logger.warning(f"train_reward_model: {n_trunc} of {len(rows)} pairs truncated to max_length={max_length}")
@@ -706,6 +718,67 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
         if done: break
     model.eval()
     return hist
+
+# %% ../nbs/01_rewards.ipynb #7efe340d
+def fresh_output_dir(path, overwrite=False):
+    "`path` as a Path that a new run may write: FileExistsError for a file, or a non-empty folder unless `overwrite`."
+    p = Path(path)
+    if p.exists() and not p.is_dir(): raise FileExistsError(f"--output_dir {p} exists and is not a folder")
+    if p.exists() and any(p.iterdir()) and not overwrite:
+        raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
+    return p
+
+def save_model_folder(out, model, tokenizer, history, summary):
+    "Write model and tokenizer (`save_pretrained`), `metrics.jsonl` and `summary.json` to folder `out` atomically; -> out."
+    def write(tmp):
+        model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+        (tmp / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+    return save_atomic(out, write)
+
+# %% ../nbs/01_rewards.ipynb #0c7da1ca
+@dataclass
+class RMArgs:
+    "Bradley-Terry reward-model training on preference pairs (rlhf_nb.rewards.train_reward_model)."
+    model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
+    dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
+    output_dir: str = option("runs/rm", "Where the reward model, its tokenizer and metrics.jsonl are saved.")
+    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
+    learning_rate: float = option(3e-3, "AdamW learning rate.")
+    per_device_train_batch_size: int = option(32, "Pairs per optimizer step.")
+    max_steps: int = option(200, "Optimizer steps.")
+    max_seconds: Optional[float] = option(None, "Stop after this many seconds.")
+    eval_steps: int = option(50, "Pairwise accuracy on held-out pairs every this many steps.")
+    max_length: int = option(512, "Truncate prompt+answer to this many tokens.")
+    n_train: int = option(2000, "Training pairs (arith: generated; otherwise the first n).")
+    eval_size: int = option(200, "Held-out pairs.")
+    margin: Optional[float] = option(None, "Margin in the Bradley-Terry loss (None = off).")
+    center_rewards_coefficient: Optional[float] = option(None, "Weight pulling mean rewards to 0 (TRL's name; None = off).")
+    seed: int = option(0, "Seed.")
+    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
+    data_dir: str = option("runs/data", "Where named datasets are prepared.")
+
+# %% ../nbs/01_rewards.ipynb #fb6854dd
+def _rm_pairs(a):
+    "(train, held-out) preference rows for RMArgs `a`."
+    if a.dataset == "arith": return make_arith_pairs(a.n_train, "train", seed=a.seed), make_arith_pairs(a.eval_size, "test", seed=a.seed)
+    return tuple(load_split(a.dataset, split, "pref", n, a.seed, a.data_dir, a.dataset_source)
+                 for split, n in (("train", a.n_train), ("test", a.eval_size)))
+
+def run_reward_model(a):
+    "Train the reward model of `a` (RMArgs) and save it to `a.output_dir`: -> {output_dir, steps, eval_pairwise_accuracy}."
+    check_model_path(a.model_name_or_path)
+    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    train, evals = _rm_pairs(a)
+    tok = load_tokenizer(a.model_name_or_path)
+    model = load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok)
+    hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
+                              max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
+                              center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed)
+    res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
+    save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
+                                              res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
+    return res
 
 # %% ../nbs/01_rewards.ipynb #2eca59e4
 def _explain_html(e):

@@ -4,19 +4,24 @@
 
 # %% ../nbs/00b_sft.ipynb #f2da04ce
 from __future__ import annotations
-import json, math, os, random, shutil, time, uuid, warnings
+import dataclasses, json, math, os, random, shutil, time, uuid, warnings
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
-from .data import make_arith
+from .config import ConfigError, option
+from .data import DataError, make_arith, load_split
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
-from .rewards import compute_score
+from .models import check_model_path, load_causal_lm, load_tokenizer
+from .engine import write_json_atomic
+from .rewards import compute_score, fresh_output_dir, save_model_folder
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'render_prompt', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train',
-           'sft_warm_start']
+           'sft_warm_start', 'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
 
 # %% ../nbs/00b_sft.ipynb #7dfe2fad
 def render_prompt(tokenizer, row):
@@ -25,7 +30,7 @@ def render_prompt(tokenizer, row):
 
 def encode_sft_row(tokenizer, row):
     "`(prompt_ids, completion_ids)` of an SFT row; the completion ends with eos."
-    if "completion" not in row: raise KeyError(f"SFT row has no 'completion' (keys: {sorted(row)})")
+    if "completion" not in row: raise DataError(f"SFT row: column 'completion' is missing (keys: {sorted(row)})")
     p = tokenizer(render_prompt(tokenizer, row), add_special_tokens=False)["input_ids"]
     c = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p, c
@@ -213,3 +218,70 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
     finally:
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return str(out)
+
+# %% ../nbs/00b_sft.ipynb #b2073116
+@dataclass
+class SFTArgs:
+    "Supervised fine-tuning with a completion-only loss (rlhf_nb.sft.sft_train)."
+    model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
+    dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
+    output_dir: str = option("runs/sft", "Where the fine-tuned model, its tokenizer and metrics.jsonl are saved.")
+    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
+    learning_rate: float = option(3e-3, "AdamW learning rate.")
+    per_device_train_batch_size: int = option(64, "Examples per optimizer step.")
+    max_steps: int = option(3000, "Maximum optimizer steps.")
+    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.")
+    target_accuracy: Optional[float] = option(None, "Stop once held-out greedy accuracy reaches this (rule-scored data).")
+    eval_steps: int = option(50, "Held-out greedy evaluation every this many steps.")
+    eval_size: int = option(200, "Held-out prompts used by the evaluation.")
+    n_train: int = option(5000, "Training examples (arith: generated; otherwise the first n).")
+    warmup_steps: int = option(50, "Linear warm-up steps.")
+    lr_scheduler_type: str = option("constant", "constant or cosine (after warm-up).")
+    max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.")
+    seed: int = option(0, "Seed of initialisation, data order and the arith task.")
+    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
+    data_dir: str = option("runs/data", "Where named datasets are prepared.")
+
+# %% ../nbs/00b_sft.ipynb #75f3e300
+def run_sft(a):
+    "Fine-tune as `a` (SFTArgs) says and save model, tokenizer, metrics.jsonl, summary.json: -> {output_dir, steps, eval_accuracy}."
+    check_model_path(a.model_name_or_path)
+    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
+    evals = load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
+    tok, model = load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed)
+    hist = sft_train(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
+                     max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
+                     max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
+                     warmup_steps=a.warmup_steps, max_length=a.max_length)
+    res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"]}
+    save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
+                                              "eval_size": len(evals), "args": dataclasses.asdict(a)})
+    return res
+
+# %% ../nbs/00b_sft.ipynb #f0a7c9a4
+@dataclass
+class EvalArgs:
+    "Greedy held-out accuracy of a saved policy (rlhf_nb.sft.greedy_accuracy, scored by rlhf_nb.rewards)."
+    model_name_or_path: Optional[str] = option(None, "The policy to evaluate: a saved folder (e.g. runs/demo/model) or a hub name. Required.")
+    dataset: str = option("arith", "'arith', a dataset name (gsm8k, math), or a parquet file/folder of rule-scored rows.")
+    split: str = option("test", "Which split to evaluate.")
+    eval_size: int = option(500, "Number of prompts (the first n of the split).")
+    batch_size: int = option(64, "Prompts per generation batch.")
+    max_new_tokens: Optional[int] = option(None, "Generation limit (default: from the data's completions, or 32).")
+    output_file: Optional[str] = option(None, "Also write the result as JSON here.")
+    seed: int = option(0, "Seed of the arith task.")
+    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
+    data_dir: str = option("runs/data", "Where named datasets are prepared.")
+
+def run_eval(a):
+    "Greedy accuracy of the policy in `a` (EvalArgs): -> {model, dataset, split, accuracy, mean_score, n, samples}."
+    check_model_path(a.model_name_or_path)
+    if a.split not in ("train", "test"): raise ConfigError(f"--split must be train or test, not {a.split!r}")
+    rows = load_split(a.dataset, a.split, "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
+    tok, model = load_tokenizer(a.model_name_or_path, verbose=False), load_causal_lm(a.model_name_or_path)
+    res = greedy_accuracy(model.eval(), tok, rows, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
+    out = {"model": a.model_name_or_path, "dataset": a.dataset, "split": a.split, "accuracy": res["accuracy"],
+           "mean_score": res["mean_score"], "n": res["n"], "samples": res["samples"]}
+    if a.output_file: write_json_atomic(a.output_file, out)
+    return out

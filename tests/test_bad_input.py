@@ -17,6 +17,7 @@ import torch
 from rlhf_nb import data, launch
 from rlhf_nb.data import DataError, RLHFDataset, make_arith, write_parquet
 from rlhf_nb.models import DEFAULT_CHAT_TEMPLATE, char_tokenizer, ensure_chat_ready, tiny_value_model
+from _rewards import ParityReward
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "rlhf_nb"
@@ -282,7 +283,7 @@ def tiny_trainer(tmp_path, reward_manager=None, **kw):
     from rlhf_nb.ppo import PPOConfig, RLTrainer
     cfg = PPOConfig(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, mini_batch_size=4, max_completion_length=4,
                     arith_train_size=8, eval_steps=0, disable_tqdm=True, save_final=False, seed=0, **kw)
-    return RLTrainer(cfg, reward_manager=reward_manager or launch.ParityReward()).init_workers()
+    return RLTrainer(cfg, reward_manager=reward_manager or ParityReward()).init_workers()
 
 
 def test_reward_function_that_raises_inside_training_costs_the_score_not_the_run(tmp_path, caplog):

@@ -64,3 +64,36 @@ def test_peak_flops_table():
     assert A.peak_tflops("NVIDIA H100 80GB HBM3")[0] == pytest.approx(989.4)
     assert A.peak_tflops("NVIDIA H100 PCIe")[0] == pytest.approx(756.0)
     assert A.peak_tflops("mystery")[0] is None and A.peak_tflops("mystery", 100)[0] == 100
+
+
+# --- bench/throughput.py: RL steps of the CLI's trainer on a 0.5B-shaped model (a tiny shape here) -----------------
+import throughput as T  # noqa: E402
+
+
+def test_rl_throughput_dry_run_accounting():
+    "The CPU dry run of the GPU throughput code at a tiny shape (bf16 autocast on the CPU too): the token and FLOP accounting."
+    dry = T.rl_throughput("grpo", **T.DRY_RUNS["grpo"])
+    assert (dry["algo"], dry["dtype"], dry["episodes_per_step"]) == ("grpo", "bf16", 8)
+    assert dry["tokens_per_s"] == pytest.approx(8 * (dry["prompt_tokens"] + dry["response_tokens"]) / dry["step_s"], rel=1e-6)
+    assert 0 < dry["response_tokens"] <= 8 and dry["mfu"] is None                # no peak known for a CPU
+    ppo = T.rl_throughput("ppo", peak_tflops=1.0, **T.DRY_RUNS["ppo"])
+    assert ppo["dtype"] == "fp32" and ppo["tflops"] > 0 and ppo["mfu"] == pytest.approx(ppo["tflops"] / 1.0)
+
+
+def test_parity_reward_on_the_last_token():
+    import torch
+    batch = {"responses": torch.tensor([[2, 3, 4, 0], [1, 1, 0, 0]]), "response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
+    scores, m = T.ParityReward()(batch)
+    torch.testing.assert_close(scores, torch.tensor([[0.0, 0.0, 2 / 3, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert m["parity/mean"] == pytest.approx(1 / 3)
+
+
+def test_throughput_script_skips_cleanly_without_cuda(capsys):
+    import torch
+    if torch.cuda.is_available(): pytest.skip("a GPU is present")
+    assert T.main(["--algo", "grpo"]) == 0
+    assert "no CUDA device here" in capsys.readouterr().out
+
+
+def test_one_peak_table_for_both_gpu_benches():
+    assert A.PEAK_BF16_TFLOPS is T.PEAK_BF16_TFLOPS and A.QWEN05_SHAPE is T.QWEN25_05B_SHAPE

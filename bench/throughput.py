@@ -1,0 +1,142 @@
+"""RL throughput of rlhf-nb's trainer on a 0.5B-shaped model: `python bench/throughput.py [--algo grpo|ppo|both] [--dry_run]`.
+
+A randomly initialised model with Qwen2.5-0.5B's shape (built locally, no download) runs a few timed steps of the RL
+trainer that `rlhf-nb ppo|grpo` uses (`rlhf_nb.algos.rl_trainer_class`), in bf16 on a GPU, scored by a reward that
+needs no decoding (`ParityReward`: random init samples token ids the character tokenizer never made). It reports
+generation tokens/s, step time and its rollout / log-prob / update parts, peak memory and MFU. MFU counts model
+FLOPs with the usual 6N per trained token and 2N per forward-only token (prefill, decoding, old/reference log-probs,
+critic values), attention left out, over the device's dense bf16 peak (`PEAK_BF16_TFLOPS`).
+
+`--dry_run` runs exactly that code at a tiny shape on the CPU (bf16 autocast there too), to check the logic and the
+accounting; its numbers mean nothing. Without CUDA and without --dry_run it says so and exits 0.
+`python bench/run.py --gpu` measures the plain forward/backward throughput of the same shape for comparison."""
+from __future__ import annotations
+import argparse, json, sys, tempfile
+
+# Qwen2.5-0.5B's architecture (config.json of the hub model), and a tiny shape with the same structure for dry runs.
+QWEN25_05B_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                        rms_norm_eps=1e-6, tie_word_embeddings=True)
+DRY_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 vocab_size=1024, max_position_embeddings=512, tie_word_embeddings=True)
+# Dense bf16 tensor-core peaks (no sparsity), TFLOP/s, from the vendors' data sheets; first match on the device name.
+PEAK_BF16_TFLOPS = [("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("B200", 2250.0),
+                    ("A100", 312.0), ("L40S", 362.0), ("L4", 121.0), ("A10G", 70.0), ("A10", 125.0), ("RTX 4090", 165.2),
+                    ("V100", 125.0), ("T4", 65.0)]
+
+
+def peak_tflops(device_name, override=None):
+    "(peak dense bf16 TFLOP/s of `device_name`, where the number comes from); `override` wins; (None, why) if unknown."
+    if override: return float(override), "given with --peak_tflops"
+    for key, v in PEAK_BF16_TFLOPS:
+        if key.lower() in (device_name or "").lower(): return v, f"{key} dense bf16 data-sheet peak"
+    return None, "unknown device: pass --peak_tflops"
+
+_peak_of = peak_tflops   # rl_throughput's `peak_tflops` argument (an override) shadows the function's name
+
+
+class ParityReward:
+    "Synthetic reward for throughput runs: the fraction of even token ids in each response, on its last token."
+    def __call__(self, batch):
+        import torch
+        resp, mask = batch["responses"], batch["response_mask"].float()
+        s = ((resp % 2 == 0).float() * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+        out = torch.zeros_like(mask)
+        out[torch.arange(len(s)), (mask.sum(-1).long() - 1).clamp_min(0)] = s
+        return out, {"parity/mean": float(s.mean())}
+
+
+def _trainer(algo, shape, steps, warmup_steps, prompts_per_step, num_generations, max_completion_length, bf16, seed, output_dir):
+    "The RL trainer the CLI would build for `algo`, on a random-init model of `shape`, with ParityReward."
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from accelerate.state import AcceleratorState
+    from rlhf_nb.algos import GRPOConfig, rl_trainer_class
+    from rlhf_nb.data import make_arith
+    from rlhf_nb.models import char_tokenizer
+    from rlhf_nb.ppo import PPOConfig
+    tok = char_tokenizer()
+    torch.manual_seed(seed)
+    policy = Qwen2ForCausalLM(Qwen2Config(**shape, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None))
+    common = dict(output_dir=output_dir or tempfile.mkdtemp(prefix="rl_throughput-"), max_steps=warmup_steps + steps,
+                  per_device_train_batch_size=prompts_per_step, max_completion_length=max_completion_length, eval_steps=0,
+                  save_final=False, disable_tqdm=True, bf16=torch.cuda.is_available() if bf16 is None else bf16, seed=seed)
+    cfg = GRPOConfig(num_generations=num_generations, **common) if algo == "grpo" else PPOConfig(kl_coef=0.05, **common)
+    if AcceleratorState._shared_state.get("_mixed_precision") not in (None, "bf16" if cfg.bf16 else "no"):
+        AcceleratorState._reset_state()         # accelerate fixes the precision per process; a benchmark may change it
+    rows = make_arith(prompts_per_step * (warmup_steps + steps) * 8, "train", seed=seed)
+    return rl_trainer_class(cfg)(cfg, policy=policy, tokenizer=tok, train_dataset=rows, reward_manager=ParityReward()).init_workers()
+
+
+def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_step=16, num_generations=8,
+                  max_completion_length=128, bf16=None, peak_tflops=None, seed=0, output_dir=None):
+    "Random-init model of `shape` (default Qwen2.5-0.5B's) through `steps` timed RL steps: tokens/s, step time, memory, MFU."
+    import torch
+    from rlhf_nb.engine import peak_memory
+    cuda = torch.cuda.is_available()
+    G = num_generations if algo == "grpo" else 1
+    trainer = _trainer(algo, dict(QWEN25_05B_SHAPE if shape is None else shape), steps, warmup_steps, prompts_per_step, G,
+                       max_completion_length, bf16, seed, output_dir)
+    cfg, n_params = trainer.config, sum(p.numel() for p in trainer.unwrapped_policy.parameters())
+    if cuda: torch.cuda.reset_peak_memory_stats()
+    hist = trainer.fit()[warmup_steps:]
+    mean = lambda k: sum(h[k] for h in hist) / len(hist)
+    episodes = prompts_per_step * G * trainer.world
+    P = sum(len(trainer.train_dataset[i]["input_ids"]) for i in range(8)) / 8
+    R = mean("response/length")
+    T = episodes * (P + R)                                               # tokens per step, all ranks
+    n_critic = 0 if trainer.critic is None else sum(p.numel() for p in trainer.accelerator.unwrap_model(trainer.critic).parameters())
+    fwd_passes = 1 + int(trainer.reference.active) + int(trainer._kl_in_reward())   # rollout + reference + old log-probs
+    flops = (2 * n_params * T * fwd_passes + 6 * n_params * T * cfg.num_ppo_epochs
+             + (2 * n_critic * T + 6 * n_critic * T * cfg.num_ppo_epochs))
+    step_s = mean("time/step")
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    peak, peak_source = _peak_of(name if cuda else "", peak_tflops)
+    return {"algo": algo, "device": name, "n_params": n_params, "dtype": "bf16" if cfg.bf16 else "fp32",
+            "episodes_per_step": episodes, "prompt_tokens": P, "response_tokens": R, "step_s": step_s,
+            "rollout_s": mean("time/rollout"), "logprobs_s": mean("time/logprobs"), "update_s": mean("time/update"),
+            "gen_tokens_per_s": episodes * R / mean("time/rollout"), "tokens_per_s": T / step_s,
+            "tflops": flops / step_s / 1e12, "mfu": flops / step_s / (peak * 1e12) if peak else None,
+            "peak_source": peak_source, **peak_memory(), "world_size": trainer.world}
+
+
+# The GPU run: 16 prompts x 8 completions (GRPO) or 64 prompts (PPO, with a critic and a reference: three 0.5B models),
+# 128 new tokens, bf16. The dry run: the same code at DRY_SHAPE, a few rows, 8 new tokens.
+GPU_RUNS = {"grpo": dict(prompts_per_step=16, num_generations=8), "ppo": dict(prompts_per_step=64)}
+DRY_RUNS = {"grpo": dict(shape=DRY_SHAPE, steps=2, prompts_per_step=2, num_generations=4, max_completion_length=8, bf16=True),
+            "ppo": dict(shape=DRY_SHAPE, steps=1, prompts_per_step=4, max_completion_length=8)}
+COLUMNS = ["algo", "device", "n_params", "step_s", "rollout_s", "update_s", "gen_tokens_per_s", "tokens_per_s", "tflops",
+           "mfu", "peak_gpu_gb"]
+
+
+def _fmt(v):
+    if isinstance(v, float): return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--algo", choices=["grpo", "ppo", "both"], default="both", help="which trainer to time")
+    ap.add_argument("--dry_run", action="store_true", help="the tiny shape on the CPU: checks the code, not the speed")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step (GPU run)")
+    ap.add_argument("--max_completion_length", type=int, default=128, help="new tokens per completion (GPU run)")
+    ap.add_argument("--peak_tflops", type=float, default=None, help="override the assumed peak bf16 TFLOP/s (for MFU)")
+    ap.add_argument("--out", default=None, help="also write the results as JSON here")
+    a = ap.parse_args(argv)
+    import torch
+    if not a.dry_run and not torch.cuda.is_available():
+        print("bench/throughput.py: no CUDA device here, nothing measured (--dry_run checks the code on the CPU)")
+        return 0
+    results = []
+    for algo in (["grpo", "ppo"] if a.algo == "both" else [a.algo]):
+        kw = DRY_RUNS[algo] if a.dry_run else dict(GPU_RUNS[algo], steps=a.steps, max_completion_length=a.max_completion_length)
+        results.append(rl_throughput(algo, peak_tflops=a.peak_tflops, **kw))
+    print("  ".join(COLUMNS))
+    for r in results: print("  ".join(_fmt(r.get(c)) for c in COLUMNS))
+    if a.out:
+        with open(a.out, "w") as f: json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
