@@ -61,51 +61,37 @@ def floor():
     return out
 
 
-def shared_prefix_forward_actor(self, data, idx=None, with_entropy=False, model=None):
-    """`RLTrainer._forward_actor` for GRPO batches (groups of `num_generations` consecutive rows share a prompt): run each
-    prompt once, hand its keys/values to every completion of its group, then run the responses on top. Same log-probs."""
-    import torch
-    from transformers import DynamicCache
-    from rlhf_nb.core import logprobs_and_entropy
-    if idx is None: return type(self)._forward_actor(self, data, idx, with_entropy, model)
-    G = self.config.num_generations
-    R = data["responses"].shape[1]; P = data["input_ids"].shape[1] - R
-    pol = (model or self.actor).policy
-    groups, inv = torch.unique(idx // G, return_inverse=True)
-    first = groups * G
-    cache = DynamicCache()
-    out = pol(input_ids=data["input_ids"][first, :P], attention_mask=data["attention_mask"][first, :P],
-              position_ids=data["position_ids"][first, :P], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    for layer in cache.layers:                                   # differentiable: gradients sum back over the group
-        layer.keys, layer.values = layer.keys[inv], layer.values[inv]
-    ids, am, pos = data["input_ids"][idx], data["attention_mask"][idx], data["position_ids"][idx]
-    out2 = pol(input_ids=ids[:, P:-1], attention_mask=am[:, :-1], position_ids=pos[:, P:-1], past_key_values=cache, use_cache=True)
-    logits = torch.cat([out.logits[inv][:, -1:], out2.logits], 1)   # [b, R, V]: predicts response tokens 0..R-1
-    lp, ent = logprobs_and_entropy(logits, data["responses"][idx], self.config.temperature, with_entropy=with_entropy,
-                                   entropy_grad=self.config.entropy_coef != 0)
-    return lp, ent, None
+def _grpo_trainer_sharing(tok, share):
+    "The probe's GRPO trainer with `share_prompt_prefix` on or off."
+    import arms as A
+    p = dict(prompts=16, generations=8, updates_per_generation=2, max_new_tokens=16, lr=1e-5, beta=0.0)
+    cfg, _ = A._grpo_config(p, C.WORK / "probe_grpo", 10)
+    cfg.share_prompt_prefix = share
+    return A._nb_rl_trainer(cfg, tok, C.policy(tok))
 
 
 def shared_prefix(reps=3):
-    "GRPO round CPU time, plain vs shared-prefix actor forward (interleaved), and the log-prob agreement."
+    """GRPO round CPU time with each prompt run once per group (`share_prompt_prefix`, rlhf_nb.workers.shared_prefix_logits)
+    against once per row (interleaved), and the log-prob agreement of the two forwards."""
     import torch
+    from rlhf_nb.workers import Role
     C.set_threads(2); C.WORK.mkdir(parents=True, exist_ok=True)
     tok = C.tokenizer()
     res = {"plain": [], "shared_prefix": []}
     for _ in range(reps):
         for variant in res:
-            tr = _grpo_trainer(tok)
-            if variant == "shared_prefix": tr._forward_actor = types.MethodType(shared_prefix_forward_actor, tr)
+            tr = _grpo_trainer_sharing(tok, variant == "shared_prefix")
             tr.step()
             ts = []
             for _ in range(3):
                 t0 = time.process_time(); tr.step(); ts.append(time.process_time() - t0)
             res[variant].append(statistics.median(ts))
-    tr = _grpo_trainer(tok)
+    tr = _grpo_trainer_sharing(tok, True)
     d = tr.generate_sequences(tr.next_batch())
-    idx = torch.randperm(d["responses"].shape[0])
+    idx, actor = torch.randperm(d["responses"].shape[0]), tr.workers[Role.ActorRollout]
     with torch.no_grad():
-        a, b = tr._forward_actor(d, idx)[0], shared_prefix_forward_actor(tr, d, idx)[0]
+        a = actor.forward({**d, "prompt_group": None}, idx)[0]
+        b = actor.forward(d, idx)[0]
     med = {k: round(statistics.median(v), 3) for k, v in res.items()}
     return {"round_cpu_s": med, "ratio": round(med["shared_prefix"] / med["plain"], 3),
             "max_logprob_diff": float((a - b)[d["response_mask"][idx].bool()].abs().max())}
