@@ -10,11 +10,11 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['DEFAULT_PANELS', 'write_json_atomic', 'save_atomic', 'read_metrics', 'open_metrics', 'metric_sinks', 'RunLog',
-           'plot_metrics', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'resolve_checkpoint',
-           'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget',
-           'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum',
-           'gather_checksums', 'peak_memory', 'make_adamw']
+__all__ = ['DEFAULT_PANELS', 'write_json_atomic', 'save_atomic', 'fresh_output_dir', 'save_model_folder', 'read_metrics',
+           'open_metrics', 'metric_sinks', 'RunLog', 'plot_metrics', 'rng_state', 'set_rng_state', 'list_checkpoints',
+           'write_checkpoint', 'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights',
+           'NanGuard', 'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -38,6 +38,23 @@ def save_atomic(out, write):
     finally:
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+# %% ../nbs/01b_engine.ipynb #388f81e0
+def fresh_output_dir(path, overwrite=False):
+    "`path` as a Path that a new run may write: FileExistsError for a file, or a non-empty folder unless `overwrite`."
+    p = Path(path)
+    if p.exists() and not p.is_dir(): raise FileExistsError(f"--output_dir {p} exists and is not a folder")
+    if p.exists() and any(p.iterdir()) and not overwrite:
+        raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
+    return p
+
+def save_model_folder(out, model, tokenizer, history, summary):
+    "Write model and tokenizer (`save_pretrained`), `metrics.jsonl` and `summary.json` to folder `out` atomically; -> out."
+    def write(tmp):
+        model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+        (tmp / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
+        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+    return save_atomic(out, write)
 
 # %% ../nbs/01b_engine.ipynb #8a9e2135
 def read_metrics(path):

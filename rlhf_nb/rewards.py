@@ -21,6 +21,7 @@ from .models import check_model_path, load_tokenizer, load_value_model
 from .engine import save_atomic
 
 logger = logging.getLogger("rlhf_nb.rewards")
+from .engine import fresh_output_dir, save_model_folder
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
@@ -30,8 +31,7 @@ __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VE
            'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
            'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
            'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs',
-           'pairwise_accuracy', 'train_reward_model', 'fresh_output_dir', 'save_model_folder', 'RMArgs',
-           'run_reward_model', 'reward_playground']
+           'pairwise_accuracy', 'train_reward_model', 'RMArgs', 'run_reward_model', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -718,23 +718,6 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
         if done: break
     model.eval()
     return hist
-
-# %% ../nbs/01_rewards.ipynb #7efe340d
-def fresh_output_dir(path, overwrite=False):
-    "`path` as a Path that a new run may write: FileExistsError for a file, or a non-empty folder unless `overwrite`."
-    p = Path(path)
-    if p.exists() and not p.is_dir(): raise FileExistsError(f"--output_dir {p} exists and is not a folder")
-    if p.exists() and any(p.iterdir()) and not overwrite:
-        raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
-    return p
-
-def save_model_folder(out, model, tokenizer, history, summary):
-    "Write model and tokenizer (`save_pretrained`), `metrics.jsonl` and `summary.json` to folder `out` atomically; -> out."
-    def write(tmp):
-        model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
-        (tmp / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
-    return save_atomic(out, write)
 
 # %% ../nbs/01_rewards.ipynb #0c7da1ca
 @dataclass

@@ -17,7 +17,8 @@ from .data import DataError, make_arith, load_split
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer
 from .engine import write_json_atomic
-from .rewards import compute_score, fresh_output_dir, save_model_folder
+from .rewards import compute_score
+from .engine import fresh_output_dir, save_model_folder
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'render_prompt', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train',
