@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .config import ConfigError, option
-from .data import DataError, make_arith, load_split
+from .data import DataError, make_arith, load_split, render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer
 from .engine import write_json_atomic
@@ -21,18 +21,14 @@ from .rewards import compute_score
 from .engine import fresh_output_dir, save_model_folder
 
 # %% auto #0
-__all__ = ['SFT_INFO', 'render_prompt', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train',
-           'sft_warm_start', 'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
+__all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'sft_warm_start',
+           'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
 
 # %% ../nbs/00b_sft.ipynb #7dfe2fad
-def render_prompt(tokenizer, row):
-    "The chat-templated prompt text of a row, ending with the generation prompt (`<|assistant|>`)."
-    return tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-
 def encode_sft_row(tokenizer, row):
     "`(prompt_ids, completion_ids)` of an SFT row; the completion ends with eos."
     if "completion" not in row: raise DataError(f"SFT row: column 'completion' is missing (keys: {sorted(row)})")
-    p = tokenizer(render_prompt(tokenizer, row), add_special_tokens=False)["input_ids"]
+    p = tokenizer(render_prompt(tokenizer, row["prompt"]), add_special_tokens=False)["input_ids"]
     c = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     return p, c
 
@@ -97,7 +93,7 @@ def greedy_accuracy(model, tokenizer, rows, batch_size=64, max_new_tokens=None, 
     if score_fn is None:
         score_fn = compute_score
     if max_new_tokens is None: max_new_tokens = _default_max_new_tokens(tokenizer, rows)
-    prompts = [render_prompt(tokenizer, r) for r in rows]
+    prompts = [render_prompt(tokenizer, r["prompt"]) for r in rows]
     responses = generate_greedy(model, tokenizer, prompts, max_new_tokens, batch_size)
     scores, samples = [], []
     for i, (r, p, resp) in enumerate(zip(rows, prompts, responses)):
