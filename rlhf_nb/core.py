@@ -25,46 +25,38 @@ def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
     step = chunk_size or max(1, budget // max(1, n_cols))
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
+def _float_chunks(logits, temperature=1.0, chunk_size=None):
+    "Yield (rows, float32 logits/temperature) over chunks of `logits` flattened to [N,V]: one chunk upcast at a time."
+    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
+    flat = logits.reshape(-1, logits.shape[-1])
+    for s in _row_chunks(flat.shape[0], flat.shape[1], chunk_size):
+        z = flat[s].float()
+        yield s, (z / temperature if temperature != 1.0 else z)
+
+def _cat(parts, shape, device): return (torch.cat(parts) if parts else torch.zeros(0, device=device)).reshape(shape)
+
 def logprobs_from_logits(logits, labels, temperature=1.0, chunk_size=None):
     "Log-probability of each label under `softmax(logits/temperature)`: logits[...,V], labels[...] -> [...] (float32)."
-    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
-    V = logits.shape[-1]
-    flat, idx = logits.reshape(-1, V), labels.reshape(-1)
-    out = []
-    for s in _row_chunks(flat.shape[0], V, chunk_size):
-        z = flat[s].float()                                        # one chunk upcast, never the whole tensor
-        if temperature != 1.0: z = z / temperature
-        out.append(z.gather(-1, idx[s, None]).squeeze(-1) - torch.logsumexp(z, -1))
-    return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).reshape(labels.shape)
+    idx = labels.reshape(-1)
+    out = [z.gather(-1, idx[s, None]).squeeze(-1) - torch.logsumexp(z, -1) for s, z in _float_chunks(logits, temperature, chunk_size)]
+    return _cat(out, labels.shape, logits.device)
 
 # %% ../nbs/01a_core.ipynb #9edcd1f3
 def entropy_from_logits(logits, temperature=1.0, chunk_size=None):
     "Entropy (nats) of `softmax(logits/temperature)` at each position: logits[...,V] -> [...] (float32)."
-    V = logits.shape[-1]
-    flat, out = logits.reshape(-1, V), []
-    for s in _row_chunks(flat.shape[0], V, chunk_size):
-        z = flat[s].float()
-        if temperature != 1.0: z = z / temperature
-        lse = torch.logsumexp(z, -1)
-        out.append(lse - (torch.softmax(z, -1) * z).sum(-1))
-    return (torch.cat(out) if out else flat.new_zeros(0, dtype=torch.float32)).reshape(logits.shape[:-1])
+    out = [torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1) for _, z in _float_chunks(logits, temperature, chunk_size)]
+    return _cat(out, logits.shape[:-1], logits.device)
 
 def logprobs_and_entropy(logits, labels, temperature=1.0, chunk_size=None, with_entropy=True, entropy_grad=False):
     "Both `logprobs_from_logits` and `entropy_from_logits` in one pass: logits[...,V], labels[...] -> ([...], [...])."
-    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
-    V = logits.shape[-1]
-    flat, idx = logits.reshape(-1, V), labels.reshape(-1)
-    lps, ents = [], []
-    for s in _row_chunks(flat.shape[0], V, chunk_size):
-        z = flat[s].float()
-        if temperature != 1.0: z = z / temperature
+    idx, lps, ents = labels.reshape(-1), [], []
+    for s, z in _float_chunks(logits, temperature, chunk_size):
         lse = torch.logsumexp(z, -1)
         lps.append(z.gather(-1, idx[s, None]).squeeze(-1) - lse)
         if with_entropy:
             with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):   # a metric unless it is a bonus
                 ents.append(lse - (torch.softmax(z, -1) * z).sum(-1))
-    lp = torch.cat(lps).reshape(labels.shape)
-    return lp, (torch.cat(ents).reshape(labels.shape) if with_entropy else None)
+    return _cat(lps, labels.shape, logits.device), (_cat(ents, labels.shape, logits.device) if with_entropy else None)
 
 # %% ../nbs/01a_core.ipynb #6af70663
 def masked_sum(x, mask, dim=None):
