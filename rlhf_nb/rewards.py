@@ -205,7 +205,7 @@ _VERIFY_NS = {"MEM_LIMIT": 2 << 30}
 exec(compile(_VERIFY_SRC, "<rlhf_nb.rewards._VERIFY_SRC>", "exec"), _VERIFY_NS)
 RewardTimeout = _VERIFY_NS["RewardTimeout"]
 
-# %% ../nbs/01_rewards.ipynb #699c8a76
+# %% ../nbs/01_rewards.ipynb #ed6bbf00
 class _VerifyWorker:
     "A `python -c` subprocess running `_VERIFY_SRC`'s `serve()`; killed and replaced when it misses a deadline."
     def __init__(self, mem_limit=2 << 30, startup_timeout=120.0):
@@ -245,6 +245,7 @@ class _VerifyWorker:
             self.kill()
             return ("killed", f"worker did not answer within {seconds}+{grace}s ({type(e).__name__})")
 
+# %% ../nbs/01_rewards.ipynb #62acc871
 class _VerifyPool:
     "Idle verify workers, one taken per concurrent call; fork-safe (a child process starts with an empty pool)."
     def __init__(self): self._reset()
@@ -357,7 +358,7 @@ def combine_rewards(*terms):
     combined_reward.terms = wf
     return combined_reward
 
-# %% ../nbs/01_rewards.ipynb #0c2b529b
+# %% ../nbs/01_rewards.ipynb #3116b324
 def _explain_gsm8k(s, gt, method):
     truth = _gsm8k_truth(gt)
     ans = extract_gsm8k_answer(s, method)
@@ -369,6 +370,7 @@ def _explain_gsm8k(s, gt, method):
     if a == truth: return ans, 1.0, f"read {ans} {where}; equals the truth {truth} as a number"
     return ans, 0.0, f"read {ans} {where}; differs from the truth {truth}"
 
+# %% ../nbs/01_rewards.ipynb #7195f136
 def _explain_math(s, gt):
     gold, pred = _math_truth(gt), last_boxed(s)
     if pred is None:
@@ -379,6 +381,7 @@ def _explain_math(s, gt):
     if status != "ok": return pred, 0.0, f"math-verify gave up ({status}): scored 0"
     return pred, float(eq), "math-verify: equivalent" if eq else "math-verify: not equivalent"
 
+# %% ../nbs/01_rewards.ipynb #f089abd4
 def explain_reward(data_source, solution_str, ground_truth, extra_info=None):
     "One sample's verdict: dict(function, extracted, truth, score, why); errors are reported, not raised."
     fn = REWARD_REGISTRY.get(data_source)
@@ -443,7 +446,7 @@ class ModelReward:
         truncated = [i for i, x in enumerate(ids) if len(x) > self.max_length]
         return [x[-self.max_length:] for x in ids], truncated
 
-# %% ../nbs/01_rewards.ipynb #142b4e32
+# %% ../nbs/01_rewards.ipynb #989ea268
 def pad_right(seqs, pad_id):
     "Right-padded LongTensor batch of token-id lists: (input_ids [N,L], attention_mask [N,L])."
     L = max(len(x) for x in seqs)
@@ -452,6 +455,7 @@ def pad_right(seqs, pad_id):
     for i, x in enumerate(seqs): input_ids[i, :len(x)] = torch.tensor(x, dtype=torch.long); attn[i, :len(x)] = 1
     return input_ids, attn
 
+# %% ../nbs/01_rewards.ipynb #899fb075
 @torch.no_grad()
 def _score_ids(model, ids, pad_id, batch_size):
     "Scalar logits of a list of token-id lists, in batches. -> FloatTensor[N]"
@@ -465,6 +469,7 @@ def _score_ids(model, ids, pad_id, batch_size):
     finally: model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0)
 
+# %% ../nbs/01_rewards.ipynb #005a2f00
 @patch
 def __call__(self: ModelReward, prompts, responses):
     "Scores FloatTensor[B] and info dict(truncated=[indices], raw=unnormalised scores)."
@@ -503,7 +508,7 @@ def decode_responses(self: RewardManager, responses, response_mask):
     for n in lens: seqs.append(flat[s:s + n]); s += n
     return batch_decode_fast(self.tokenizer, seqs)
 
-# %% ../nbs/01_rewards.ipynb #d79f0605
+# %% ../nbs/01_rewards.ipynb #32d0ef07
 def _as_reward_fields(rm):
     "A row's reward_model field as a dict (accepts a dict or its JSON string)."
     if isinstance(rm, str):
@@ -511,11 +516,13 @@ def _as_reward_fields(rm):
         except json.JSONDecodeError: raise ValueError(f"reward_model field is a string but not JSON: {rm[:80]!r}") from None
     return rm or {}
 
+# %% ../nbs/01_rewards.ipynb #345d9433
 @patch
 def _fail(self: RewardManager, i, ds, msg, failures):
     failures.append((i, ds, msg))
     if len(failures) <= self.log_failures: logger.warning(f"reward failed for row {i} (data_source={ds!r}): {msg}; scored {self.fail_score}")
 
+# %% ../nbs/01_rewards.ipynb #80477132
 @patch
 def score_rules(self: RewardManager, texts, data_sources, reward_fields, extra_infos, rows):
     "Rule scores for rows `rows`: dict row -> float, failures list, extra metrics dict name -> list."
@@ -597,7 +604,7 @@ def __call__(self: RewardManager, batch):
     for k, v in extra.items(): metrics[f"reward_extra/{k}/mean"] = sum(v) / len(v)
     return token_level_scores, metrics
 
-# %% ../nbs/01_rewards.ipynb #37f94bec
+# %% ../nbs/01_rewards.ipynb #2409321e
 def completion_text(completion):
     "Plain text of a TRL completion: a string, a message, or a list of messages (assistant contents joined)."
     if completion is None: return ""
@@ -611,6 +618,7 @@ def completion_text(completion):
         parts.append(c or "")
     return "".join(parts)
 
+# %% ../nbs/01_rewards.ipynb #11c2eb2e
 def trl_reward_func(compute_score=compute_score, data_source=None, fail_score=0.0, name="correctness"):
     "A `reward_func(prompts, completions, **columns) -> list[float|None]` for `trl.GRPOTrainer` from a verl-style scorer."
     def reward_func(prompts, completions, ground_truth=None, reward_model=None, extra_info=None, log_metric=None, **columns):
@@ -640,6 +648,7 @@ def trl_reward_func(compute_score=compute_score, data_source=None, fail_score=0.
     reward_func.__name__ = name
     return reward_func
 
+# %% ../nbs/01_rewards.ipynb #eecfe35a
 def trl_model_reward_func(model_reward, name="reward_model"):
     "A TRL reward func scoring (prompt, completion) with a `ModelReward` (its own tokenizer and chat template)."
     def reward_func(prompts, completions, **columns):

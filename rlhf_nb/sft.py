@@ -47,7 +47,7 @@ def sft_collate(examples, pad_token_id, max_length=None):
         labels[i, len(p):n] = torch.tensor(c)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
-# %% ../nbs/00b_sft.ipynb #7700d154
+# %% ../nbs/00b_sft.ipynb #19fe382d
 def _left_pad(seqs, pad_token_id):
     "Left-pad lists of ids: `input_ids`, `attention_mask`, both [B, P]."
     P = max(len(s) for s in seqs)
@@ -67,6 +67,7 @@ def _default_max_new_tokens(tokenizer, rows):
     if not comp: return 64
     return max(len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in comp) + 1 + 8
 
+# %% ../nbs/00b_sft.ipynb #26a4f706
 @torch.no_grad()
 def generate_greedy(model, tokenizer, prompts, max_new_tokens=32, batch_size=64):
     "Greedy responses (text, cut at eos) for already-rendered prompt strings, generated in left-padded batches."
@@ -88,6 +89,7 @@ def generate_greedy(model, tokenizer, prompts, max_new_tokens=32, batch_size=64)
         model.train(was_training)
     return out
 
+# %% ../nbs/00b_sft.ipynb #c19df8ba
 def greedy_accuracy(model, tokenizer, rows, batch_size=64, max_new_tokens=None, score_fn=None, n_samples=4) -> dict:
     "Greedy held-out accuracy: `{'accuracy', 'mean_score', 'n', 'samples': [(prompt, response, ground_truth, score)]}`."
     if score_fn is None:
@@ -105,7 +107,7 @@ def greedy_accuracy(model, tokenizer, rows, batch_size=64, max_new_tokens=None, 
     return {"accuracy": sum(s >= 1.0 for s in scores) / max(n, 1), "mean_score": sum(scores) / max(n, 1),
             "n": n, "samples": samples}
 
-# %% ../nbs/00b_sft.ipynb #08efd651
+# %% ../nbs/00b_sft.ipynb #4c3802e5
 def _lr_lambda(scheduler, warmup_steps, total_steps):
     "Multiplier of the base lr at step s: linear warmup, then constant or cosine decay to 0 at `total_steps`."
     if scheduler not in ("constant", "cosine"): raise ValueError(f"lr_scheduler_type must be 'constant' or 'cosine', not {scheduler!r}")
@@ -115,6 +117,7 @@ def _lr_lambda(scheduler, warmup_steps, total_steps):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))))
     return f
 
+# %% ../nbs/00b_sft.ipynb #d81a20b6
 def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=128, max_steps=1000, eval_steps=25,
               target_accuracy=None, max_seconds=None, seed=0, lr_scheduler_type="constant", warmup_steps=50,
               weight_decay=0.0, max_grad_norm=1.0, eval_batch_size=256, score_fn=None, max_length=None,
@@ -158,13 +161,31 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     model.train(was_training)
     return history
 
-# %% ../nbs/00b_sft.ipynb #66f955ba
+# %% ../nbs/00b_sft.ipynb #722fda47
 SFT_INFO = "sft_info.json"
 
 def _is_warm_start(path):
     path = Path(path)
     return (path / SFT_INFO).is_file() and (path / "config.json").is_file() and (path / "tokenizer_config.json").is_file()
 
+# %% ../nbs/00b_sft.ipynb #43de784e
+def _save_warm_start(out, model, tok, info):
+    "Save model, tokenizer and sft_info.json as folder `out` in one rename; if another process finished first, use its copy."
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        model.save_pretrained(tmp); tok.save_pretrained(tmp)
+        (tmp / SFT_INFO).write_text(json.dumps(info, indent=1))
+        if out.exists(): out.rmdir()  # an empty folder (checked above) may be replaced
+        os.replace(tmp, out)
+    except OSError:
+        if _is_warm_start(out): return str(out)  # another process finished first: use its checkpoint
+        raise
+    finally:
+        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
+    return str(out)
+
+# %% ../nbs/00b_sft.ipynb #bd695ffc
 def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_train=5000, n_eval=300, n_final_eval=500,
                    learning_rate=3e-3, batch_size=128, max_steps=2000, eval_steps=25, warmup_steps=50,
                    lr_scheduler_type="constant", weight_decay=0.0, model_kw=None, progress=True, **arith_kw) -> str:
@@ -202,19 +223,7 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
     if not reached:
         warnings.warn(f"sft_warm_start: stopped at step {info['steps']} ({train_seconds:.0f}s) with held-out accuracy "
                       f"{info['eval_accuracy']}, below target {target_accuracy}; saving it anyway")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        model.save_pretrained(tmp); tok.save_pretrained(tmp)
-        (tmp / SFT_INFO).write_text(json.dumps(info, indent=1))
-        if out.exists(): out.rmdir()  # an empty folder (checked above) may be replaced
-        os.replace(tmp, out)
-    except OSError:
-        if _is_warm_start(out): return str(out)  # another process finished first: use its checkpoint
-        raise
-    finally:
-        if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
-    return str(out)
+    return _save_warm_start(out, model, tok, info)
 
 # %% ../nbs/00b_sft.ipynb #b2073116
 @dataclass
