@@ -16,12 +16,12 @@ from fastcore.basics import patch
 __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION', 'MATH_INSTRUCTION', 'MATH_SUBJECTS',
            'HH_VARIANTS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'ARITH_TEST_BUCKETS', 'PREPROCESSORS',
            'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows', 'find_split_files',
-           'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed_only_string',
-           'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue', 'split_preference', 'hh_row',
-           'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor', 'prep_rows', 'prep_once',
-           'write_splits', 'prep', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset', 'resolve_dataset',
-           'load_split', 'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft',
-           'to_trl_dpo', 'to_trl_grpo']
+           'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed',
+           'last_boxed_only_string', 'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue',
+           'split_preference', 'hh_row', 'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor',
+           'prep_rows', 'prep_once', 'write_splits', 'prep', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset',
+           'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset',
+           'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
 
 # %% ../nbs/00_data.ipynb #31df47b0
 ROW_KINDS = ("rl", "sft", "pref")
@@ -223,32 +223,38 @@ def prep_gsm8k(source=None, instruction=GSM8K_INSTRUCTION, n_train=None, n_test=
     return _take(out, n_train, n_test, seed)
 
 # %% ../nbs/00_data.ipynb #5a27e4f2
-def last_boxed_only_string(s):
-    "The last `\\boxed{...}` (or `\\fbox{...}`, `\\boxed x`) of `s` with braces matched, or None."
-    idx = s.rfind("\\boxed")
-    if idx < 0: idx = s.rfind("\\fbox")
-    if idx < 0: return None
-    if s.startswith("\\boxed ", idx):  # `\boxed 2$`: the answer runs to the closing `$` or the end
-        return "\\boxed " + s[idx + len("\\boxed "):].split("$")[0]
+def last_boxed(text):
+    "Content of the last `\\boxed{...}`/`\\fbox{...}` (brace-matched; also `\\boxed 5`), or None if absent or unterminated."
+    if not text: return None
+    text = str(text)
+    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if i < 0: return None
+    j = i + (6 if text.startswith("\\boxed", i) else 5)
+    if text.startswith(" ", j):                             # `\boxed 5`: up to the next `$` or whitespace
+        m = re.match(r" +([^\s$]+)", text[j:])
+        return m.group(1) if m else None
+    if not text.startswith("{", j): return None
     depth = 0
-    for j in range(idx, len(s)):
-        if s[j] == "{": depth += 1
-        elif s[j] == "}":
+    for k in range(j, len(text)):
+        c = text[k]
+        if c == "{" and text[k - 1] != "\\": depth += 1
+        elif c == "}" and text[k - 1] != "\\":
             depth -= 1
-            if depth == 0: return s[idx:j + 1]
-    return None
+            if depth == 0: return text[j + 1:k]
+    return None                                             # unterminated box
+
+def last_boxed_only_string(s):
+    "verl's name: the last box of `s` as a `\\boxed{...}` string (None without one); `remove_boxed` reverses it."
+    c = last_boxed(s)
+    return None if c is None else "\\boxed{" + c + "}"
 
 def remove_boxed(s):
-    "Strip the `\\boxed{}` wrapper: `\\boxed{\\frac{1}{2}}` → `\\frac{1}{2}` (None if `s` is not one)."
-    if s is None: return None
-    if s.startswith("\\boxed "): return s[len("\\boxed "):].strip()
-    for left in ("\\boxed{", "\\fbox{"):
-        if s.startswith(left) and s.endswith("}"): return s[len(left):-1].strip()
-    return None
+    "verl's name: the content of a `\\boxed{...}` string: `\\boxed{\\frac{1}{2}}` → `\\frac{1}{2}` (None if none)."
+    return last_boxed(s)
 
 def math_ground_truth(solution):
     "The answer in the last brace-matched `\\boxed{}` of a MATH solution ('' if none can be parsed)."
-    return remove_boxed(last_boxed_only_string(solution)) or ""
+    return (last_boxed(solution) or "").strip()
 
 # %% ../nbs/00_data.ipynb #e47b3690
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
-from .data import DataError, make_arith, load_split
+from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_tokenizer, load_value_model
 from .engine import save_atomic
 
@@ -27,11 +27,11 @@ from .engine import fresh_output_dir, save_model_folder
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
            'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'UnknownRewardError',
            'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
-           'last_boxed', 'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward',
-           'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
-           'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
-           'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs',
-           'pairwise_accuracy', 'train_reward_model', 'RMArgs', 'run_reward_model', 'reward_playground']
+           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'ends_with_answer_reward',
+           'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
+           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'completion_text', 'trl_reward_func',
+           'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy', 'train_reward_model',
+           'RMArgs', 'run_reward_model', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -122,27 +122,6 @@ def gsm8k_strict_reward(solution_str, ground_truth, extra_info=None):
 def gsm8k_flexible_reward(solution_str, ground_truth, extra_info=None):
     "GSM8K flexible (the last number): for evaluating models that never learned the `####` format."
     return gsm8k_score(solution_str, ground_truth, method="flexible")
-
-# %% ../nbs/01_rewards.ipynb #ae78f34d
-def last_boxed(text):
-    "Content of the last `\\boxed{...}`/`\\fbox{...}` (brace-matched; also `\\boxed 5`), or None if absent or unterminated."
-    if not text: return None
-    text = str(text)
-    i = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if i < 0: return None
-    j = i + (6 if text.startswith("\\boxed", i) else 5)
-    if text.startswith(" ", j):                             # `\boxed 5`: up to the next `$` or whitespace
-        m = re.match(r" +([^\s$]+)", text[j:])
-        return m.group(1) if m else None
-    if not text.startswith("{", j): return None
-    depth = 0
-    for k in range(j, len(text)):
-        c = text[k]
-        if c == "{" and text[k - 1] != "\\": depth += 1
-        elif c == "}" and text[k - 1] != "\\":
-            depth -= 1
-            if depth == 0: return text[j + 1:k]
-    return None                                             # unterminated box
 
 # %% ../nbs/01_rewards.ipynb #2dfdb164
 _VERIFY_SRC = r'''
