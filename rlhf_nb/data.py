@@ -14,7 +14,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION', 'MATH_INSTRUCTION', 'MATH_SUBJECTS',
-           'HH_VARIANTS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'ARITH_TEST_BUCKETS', 'PREPROCESSORS',
+           'HH_VARIANTS', 'ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'PREPROCESSORS',
            'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows', 'find_split_files',
            'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed',
            'last_boxed_only_string', 'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue',
@@ -23,7 +23,7 @@ __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION',
            'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset',
            'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
 
-# %% ../nbs/00_data.ipynb #31df47b0
+# %% ../nbs/00_data.ipynb #11dec234
 ROW_KINDS = ("rl", "sft", "pref")
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "test")
@@ -33,15 +33,20 @@ class DataError(ValueError):
 
 def _row_error(source, i, col, msg): return DataError(f"{source}: row {i}: column {col!r} {msg}")
 
+# %% ../nbs/00_data.ipynb #6cc1accc
+def _need(r, col, typ, i, source):
+    "Column `col` of row `r` (number `i` of `source`), or a `DataError` if it is missing or not a `typ`."
+    if col not in r or r[col] is None: raise _row_error(source, i, col, "is missing")
+    if not isinstance(r[col], typ):
+        want = " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
+        raise _row_error(source, i, col, f"must be {want}, got {type(r[col]).__name__}")
+    return r[col]
+
+# %% ../nbs/00_data.ipynb #959b6590
 def _check_row(r, i, kind, source):
     "Raise `DataError` for the first problem in row `r` (number `i` of `source`)."
     if not isinstance(r, dict): raise DataError(f"{source}: row {i}: expected a dict, got {type(r).__name__}")
-    def need(col, typ):
-        if col not in r or r[col] is None: raise _row_error(source, i, col, "is missing")
-        if not isinstance(r[col], typ):
-            want = " or ".join(t.__name__ for t in (typ if isinstance(typ, tuple) else (typ,)))
-            raise _row_error(source, i, col, f"must be {want}, got {type(r[col]).__name__}")
-        return r[col]
+    need = lambda col, typ: _need(r, col, typ, i, source)
     if not need("data_source", str).strip(): raise _row_error(source, i, "data_source", "is empty")
     msgs = need("prompt", (list, tuple))
     if not msgs: raise _row_error(source, i, "prompt", "is empty (no messages)")
@@ -62,6 +67,7 @@ def _check_row(r, i, kind, source):
     if kind == "sft" and not need("completion", str).strip(): raise _row_error(source, i, "completion", "is empty")
     if kind == "pref": need("chosen", str); need("rejected", str)
 
+# %% ../nbs/00_data.ipynb #a7502b5c
 def validate_rows(rows, kind="rl", source="<memory>"):
     "Check `rows` against the row contract for `kind` ('rl', 'sft' or 'pref'); return them, or raise `DataError`."
     if kind not in ROW_KINDS: raise ValueError(f"kind must be one of {ROW_KINDS}, not {kind!r}")
@@ -86,13 +92,15 @@ def write_parquet(rows, path, kind="rl"):
         if os.path.exists(tmp): os.remove(tmp)
     return path
 
-# %% ../nbs/00_data.ipynb #6f0e941f
+# %% ../nbs/00_data.ipynb #c1ced5a0
 DATA_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet")
 
 def _suffix(path):
+    "The ending in `DATA_SUFFIXES` that `path`'s name has (longest first), or None."
     name = Path(path).name.lower()
     return next((s for s in sorted(DATA_SUFFIXES, key=len, reverse=True) if name.endswith(s)), None)
 
+# %% ../nbs/00_data.ipynb #8e05df33
 def read_records(path):
     "Read a `.jsonl`, `.jsonl.gz`, `.json` or `.parquet` file into a list of dicts (errors name the file and line)."
     path = Path(path)
@@ -121,6 +129,7 @@ def read_records(path):
         if not isinstance(r, dict): raise DataError(f"{path}: row {i}: expected a JSON object, got {type(r).__name__}")
     return recs
 
+# %% ../nbs/00_data.ipynb #472aaa40
 def read_rows(path_or_paths, kind="rl"):
     "Read and validate prepared rows from one file or a list of files (parquet or any `read_records` format)."
     paths = [path_or_paths] if isinstance(path_or_paths, (str, Path)) else list(path_or_paths)
@@ -129,7 +138,7 @@ def read_rows(path_or_paths, kind="rl"):
     for p in paths: rows += validate_rows(read_records(p), kind, source=str(p))
     return rows
 
-# %% ../nbs/00_data.ipynb #fc51d320
+# %% ../nbs/00_data.ipynb #d08395e9
 def _split_of(path, exact_only=False):
     "The split ('train'/'test') a data file's name says it holds, or None."
     sfx = _suffix(path)
@@ -139,6 +148,7 @@ def _split_of(path, exact_only=False):
         if not exact_only and (stem.endswith((f"-{s}", f"_{s}")) or stem.startswith((f"{s}-", f"{s}_"))): return s
     return None
 
+# %% ../nbs/00_data.ipynb #f33e93ff
 def find_split_files(folder):
     "Map each split to the data files for it in `folder`: exact names (`train.jsonl`) first, then `*-test.*` etc."
     folder = Path(folder)
@@ -152,6 +162,7 @@ def find_split_files(folder):
         raise DataError(f"{folder}: no train/test data files ({', '.join(DATA_SUFFIXES)}) found")
     return {s: sorted(set(v)) for s, v in found.items()}
 
+# %% ../nbs/00_data.ipynb #d4b2cbbb
 def load_source(source=None, hub=None, hub_kwargs=None):
     "Raw records per split, `{split: [(label, records)]}`, from a local path or (source=None) the hub."
     if source is None:
@@ -169,7 +180,7 @@ def load_source(source=None, hub=None, hub_kwargs=None):
     if path.is_dir(): return {s: [(str(p), read_records(p)) for p in ps] for s, ps in find_split_files(path).items()}
     return {_split_of(path) or "train": [(str(path), read_records(path))]}
 
-# %% ../nbs/00_data.ipynb #0f8c5db5
+# %% ../nbs/00_data.ipynb #151388ad
 def _text(rec, col, i, label, allow_empty=False):
     "Column `col` of raw record `rec` as a str, or a `DataError` naming file, row and column."
     if col not in rec:
@@ -179,6 +190,7 @@ def _text(rec, col, i, label, allow_empty=False):
     if not allow_empty and not v.strip(): raise DataError(f"{label}: row {i}: column {col!r} is empty")
     return v
 
+# %% ../nbs/00_data.ipynb #ebe0ccde
 class Splits(dict):
     "`{'train': rows, 'test': rows}` plus `notes`: what a preprocessor skipped or noticed, for the user to read."
     def __init__(self, *a, notes=None, **kw): super().__init__(*a, **kw); self.notes = list(notes or [])
@@ -222,7 +234,7 @@ def prep_gsm8k(source=None, instruction=GSM8K_INSTRUCTION, n_train=None, n_test=
         for j, r in enumerate(out[s]): r["extra_info"]["index"] = j
     return _take(out, n_train, n_test, seed)
 
-# %% ../nbs/00_data.ipynb #5a27e4f2
+# %% ../nbs/00_data.ipynb #00ae64d0
 def last_boxed(text):
     "Content of the last `\\boxed{...}`/`\\fbox{...}` (brace-matched; also `\\boxed 5`), or None if absent or unterminated."
     if not text: return None
@@ -243,6 +255,7 @@ def last_boxed(text):
             if depth == 0: return text[j + 1:k]
     return None                                             # unterminated box
 
+# %% ../nbs/00_data.ipynb #5d3f6107
 def last_boxed_only_string(s):
     "verl's name: the last box of `s` as a `\\boxed{...}` string (None without one); `remove_boxed` reverses it."
     c = last_boxed(s)
@@ -256,7 +269,7 @@ def math_ground_truth(solution):
     "The answer in the last brace-matched `\\boxed{}` of a MATH solution ('' if none can be parsed)."
     return (last_boxed(solution) or "").strip()
 
-# %% ../nbs/00_data.ipynb #e47b3690
+# %% ../nbs/00_data.ipynb #b65a63ef
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 MATH_SUBJECTS = ("algebra", "counting_and_probability", "geometry", "intermediate_algebra", "number_theory",
                  "prealgebra", "precalculus")
@@ -276,6 +289,7 @@ def math_row(rec, i, split, label, instruction=MATH_INSTRUCTION):
                            "unique_id": str(rec.get("unique_id", ""))},
             "completion": sol}
 
+# %% ../nbs/00_data.ipynb #85c6416e
 def _load_math_hub(hub):
     "MATH from the hub: EleutherAI/hendrycks_math (one config per subject), else lighteval/MATH 'all'."
     if hub != "EleutherAI/hendrycks_math": return load_source(None, hub, {"name": "all"} if hub == "lighteval/MATH" else {})
@@ -286,6 +300,7 @@ def _load_math_hub(hub):
         try: return load_source(None, "lighteval/MATH", {"name": "all"})
         except DataError: raise e from None
 
+# %% ../nbs/00_data.ipynb #d4746b76
 def prep_math(source=None, instruction=MATH_INSTRUCTION, keep_unparsed=False, n_train=None, n_test=None, seed=0,
               hub="EleutherAI/hendrycks_math"):
     "MATH rows per split; rows with no parsable `\\boxed{}` answer are reported in `.notes` (kept if `keep_unparsed`)."
@@ -322,7 +337,7 @@ def split_preference(chosen, rejected):
     if cut < 0: raise DataError("chosen and rejected share no '\\n\\nAssistant:' turn")
     return parse_dialogue(chosen[:cut]), chosen[cut + len(tag):].strip(), rejected[cut + len(tag):].strip()
 
-# %% ../nbs/00_data.ipynb #6950d1ea
+# %% ../nbs/00_data.ipynb #e4c7ba4b
 HH_VARIANTS = {"rm": "pref", "sft": "sft", "rl": "rl"}
 
 def hh_row(rec, i, split, label, variant="rm"):
@@ -338,6 +353,7 @@ def hh_row(rec, i, split, label, variant="rm"):
     elif variant == "sft": row["completion"] = chosen
     return row
 
+# %% ../nbs/00_data.ipynb #8fd7f9ce
 def prep_hh(source=None, variant="rm", n_train=None, n_test=None, seed=0, hub="Anthropic/hh-rlhf", data_dir="harmless-base"):
     "HH-RLHF rows per split (variant 'rm': chosen/rejected, 'sft': completion, 'rl': prompt only)."
     if variant not in HH_VARIANTS: raise ValueError(f"variant must be one of {', '.join(HH_VARIANTS)}, not {variant!r}")
@@ -357,19 +373,7 @@ def prep_hh(source=None, variant="rm", n_train=None, n_test=None, seed=0, hub="A
         if empty: out.notes.append(f"hh-rlhf: {empty} rows have an empty chosen or rejected answer (kept: they are in the data)")
     return _take(out, n_train, n_test, seed)
 
-# %% ../nbs/00_data.ipynb #adc43dc4
-ARITH_TEMPLATES = {
-    "start": ["{name} has {a} {item}.", "{name} collects {a} {item}.", "There are {a} {item} in {poss} box."],
-    "+": ["{Pron} gets {b} more.", "A friend gives {obj} {b} more {item}.", "{Pron} finds {b} more {item}."],
-    "-": ["{Pron} gives away {b} of them.", "{Pron} loses {b} {item}.", "{Pron} sells {b} {item}."],
-    "*": ["Then the number of {item} becomes {b} times as large.", "{Pron} ends up with {b} times as many {item}."],
-    "question": ["How many {item} does {name} have now?", "How many {item} are there in the end?"],
-}
-ARITH_NAMES = [("Tom", "he", "him", "his"), ("Ana", "she", "her", "her"), ("Sam", "he", "him", "his"),
-               ("Mia", "she", "her", "her"), ("Raj", "he", "him", "his"), ("Lea", "she", "her", "her")]
-ARITH_ITEMS = ["apples", "marbles", "stickers", "coins", "books", "shells", "cards", "pencils"]
-ARITH_TEST_BUCKETS = 10   # 1 in 10 problems belongs to test
-
+# %% ../nbs/00_data.ipynb #3a633fd8
 def _eval_expr(nums, ops):
     "Value of `nums[0] ops[0] nums[1] ...` with `*` before `+`/`-` (usual precedence)."
     terms, signs = [nums[0]], []
@@ -386,12 +390,26 @@ def _running(nums, ops):
         out.append(acc)
     return out
 
+# %% ../nbs/00_data.ipynb #cb9deb09
+ARITH_TEST_BUCKETS = 10   # 1 in 10 problems belongs to test
+
 def arith_split(nums, ops):
     "'train' or 'test': the split a problem belongs to, from a hash of the problem alone (no seed)."
     key = " ".join(str(x) for pair in zip(nums, list(ops) + [""]) for x in pair).strip()
     return "test" if int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) % ARITH_TEST_BUCKETS == 0 else "train"
 
-# %% ../nbs/00_data.ipynb #7b77119b
+# %% ../nbs/00_data.ipynb #e2c7aa09
+ARITH_TEMPLATES = {
+    "start": ["{name} has {a} {item}.", "{name} collects {a} {item}.", "There are {a} {item} in {poss} box."],
+    "+": ["{Pron} gets {b} more.", "A friend gives {obj} {b} more {item}.", "{Pron} finds {b} more {item}."],
+    "-": ["{Pron} gives away {b} of them.", "{Pron} loses {b} {item}.", "{Pron} sells {b} {item}."],
+    "*": ["Then the number of {item} becomes {b} times as large.", "{Pron} ends up with {b} times as many {item}."],
+    "question": ["How many {item} does {name} have now?", "How many {item} are there in the end?"],
+}
+ARITH_NAMES = [("Tom", "he", "him", "his"), ("Ana", "she", "her", "her"), ("Sam", "he", "him", "his"),
+               ("Mia", "she", "her", "her"), ("Raj", "he", "him", "his"), ("Lea", "she", "her", "her")]
+ARITH_ITEMS = ["apples", "marbles", "stickers", "coins", "books", "shells", "cards", "pencils"]
+
 def _arith_word(nums, ops, rng):
     "A word problem for `nums`/`ops` (read step by step) and its worked completion."
     name, pron, obj, poss = rng.choice(ARITH_NAMES)
@@ -404,6 +422,18 @@ def _arith_word(nums, ops, rng):
     steps = [f"{x}{op}{n}={t}" for x, op, n, t in zip([nums[0]] + totals[:-1], ops, nums[1:], totals)]
     return " ".join(sents), "\n".join(steps) + f"\n#### {totals[-1]}", totals[-1]
 
+# %% ../nbs/00_data.ipynb #9afa994c
+def _arith_row(nums, ops, word, split, index, rng):
+    "The row for problem `nums`/`ops`: short form `Q: 23+58=` → `81 #### 81`, or a word problem drawn with `rng`."
+    expr = "".join(f"{x}{o}" for x, o in zip(nums, list(ops) + [""]))
+    if word: content, completion, ans = _arith_word(nums, ops, rng)
+    else: ans = _eval_expr(nums, ops); content, completion = f"Q: {expr}=", f"{ans} #### {ans}"
+    return {"data_source": "arith", "prompt": [{"role": "user", "content": content}], "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(ans)},
+            "extra_info": {"split": split, "index": index, "expression": expr, "form": "word" if word else "short"},
+            "completion": completion}
+
+# %% ../nbs/00_data.ipynb #0148487f
 def make_arith(n, split="train", seed=0, digits=2, ops="+", steps=1, word_problems=False, allow_negative=False):
     "`n` arithmetic rows (short form `Q: 23+58=` → `81 #### 81`, or word problems), deterministic, train/test disjoint."
     if split not in SPLITS: raise ValueError(f"split must be 'train' or 'test', not {split!r}")
@@ -426,22 +456,16 @@ def make_arith(n, split="train", seed=0, digits=2, ops="+", steps=1, word_proble
         key = (tuple(nums), op_seq, word)
         if key in seen and tries < limit: continue  # repeats only once the split runs out of fresh problems
         seen.add(key)
-        expr = "".join(f"{x}{o}" for x, o in zip(nums, list(op_seq) + [""]))
-        if word: content, completion, ans = _arith_word(nums, op_seq, rng)
-        else: ans = vals[0]; content, completion = f"Q: {expr}=", f"{ans} #### {ans}"
-        rows.append({"data_source": "arith", "prompt": [{"role": "user", "content": content}], "ability": "math",
-                     "reward_model": {"style": "rule", "ground_truth": str(ans)},
-                     "extra_info": {"split": split, "index": len(rows), "expression": expr,
-                                    "form": "word" if word else "short"},
-                     "completion": completion})
+        rows.append(_arith_row(nums, op_seq, word, split, len(rows), rng))
     return rows
 
+# %% ../nbs/00_data.ipynb #9985c64c
 def prep_arith(n_train=5000, n_test=500, seed=0, digits=2, ops="+", steps=1, word_problems=False, allow_negative=False):
     "The arithmetic task as `{'train': rows, 'test': rows}`, with `make_arith`'s knobs."
     kw = dict(digits=digits, ops=ops, steps=steps, word_problems=word_problems, allow_negative=allow_negative)
     return Splits(train=make_arith(n_train, "train", seed, **kw), test=make_arith(n_test, "test", seed, **kw))
 
-# %% ../nbs/00_data.ipynb #b05a952c
+# %% ../nbs/00_data.ipynb #b72cd3f1
 PREPROCESSORS = {}
 
 def register_preprocessor(name, fn):
@@ -449,6 +473,7 @@ def register_preprocessor(name, fn):
     PREPROCESSORS[name] = fn
     return fn
 
+# %% ../nbs/00_data.ipynb #37a3a90e
 def prep_rows(source=None, kind="rl", n_train=None, n_test=None, seed=0):
     "Your own rows, already in the row format (any file format): validated per file, then written as parquet."
     if source is None: raise DataError("rows: needs --source (a file, or a dir of train/test files, in the row format)")
@@ -459,12 +484,14 @@ def prep_rows(source=None, kind="rl", n_train=None, n_test=None, seed=0):
 for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows}.items():
     register_preprocessor(_n, _f)
 
+# %% ../nbs/00_data.ipynb #9dc379e6
 def _row_kind(rows):
     "The most specific row kind `rows` satisfy (pref > sft > rl)."
     if rows and all("chosen" in r for r in rows): return "pref"
     if rows and all("completion" in r for r in rows): return "sft"
     return "rl"
 
+# %% ../nbs/00_data.ipynb #5408ecd6
 def prep_once(fn, *args, **kwargs):
     "Run `fn` on the local main process first, then on the others (which should find its cached output)."
     from accelerate import PartialState
@@ -474,6 +501,7 @@ def prep_once(fn, *args, **kwargs):
     cpu = parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available()
     with PartialState(cpu=cpu).local_main_process_first(): return fn(*args, **kwargs)
 
+# %% ../nbs/00_data.ipynb #94dc9e69
 def write_splits(splits, out, manifest=None):
     "Write each split to `out/{split}.parquet` (+ `prep.json`) via a temp dir, renaming into place only at the end."
     out = Path(out)
@@ -490,6 +518,7 @@ def write_splits(splits, out, manifest=None):
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return {s: out / f"{s}.parquet" for s in splits}
 
+# %% ../nbs/00_data.ipynb #14fd8df0
 def prep(name, out=None, **options):
     "Run preprocessor `name` with `options`; write the splits to `out` when given. Returns the `Splits`."
     if name not in PREPROCESSORS:
@@ -507,12 +536,13 @@ def prep(name, out=None, **options):
                                    "notes": getattr(splits, "notes", [])})
     return splits
 
-# %% ../nbs/00_data.ipynb #d7beee84
+# %% ../nbs/00_data.ipynb #54ba7473
 class _OneLineParser(argparse.ArgumentParser):
     "argparse that reports a usage error as one line (not usage + error)."
     def error(self, message): raise DataError(message)
 
 def _prep_parser():
+    "The `rlhf-nb prep` argument parser; an option left out stays None and is not passed on."
     p = _OneLineParser(prog="rlhf-nb prep", description="Prepare a dataset as DIR/train.parquet and DIR/test.parquet.")
     p.add_argument("name", help=f"dataset: one of {', '.join(PREPROCESSORS)}")
     p.add_argument("--out", required=True, help="output directory (train.parquet, test.parquet, prep.json)")
@@ -532,6 +562,7 @@ def _prep_parser():
                    help="math: keep rows whose \\boxed{} answer can't be parsed (empty ground_truth)")
     return p
 
+# %% ../nbs/00_data.ipynb #0ab06c50
 def prep_main(argv=None):
     "`rlhf-nb prep NAME --out DIR [--source PATH] [options]`: returns 0, or 1 with one error line on stderr."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -643,7 +674,7 @@ def render_prompt(tokenizer, messages):
                          "or call rlhf_nb.models.ensure_chat_ready(tokenizer) to install rlhf-nb's default")
     return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
 
-# %% ../nbs/00_data.ipynb #495a1098
+# %% ../nbs/00_data.ipynb #91271249
 def _as_rows(data, kind):
     "Rows from a parquet path, a list of paths, or a list of row dicts."
     if isinstance(data, (str, Path)): return read_rows(data, kind)
@@ -651,6 +682,7 @@ def _as_rows(data, kind):
     if data and all(isinstance(x, (str, Path)) for x in data): return read_rows(data, kind)
     return validate_rows(data, kind)
 
+# %% ../nbs/00_data.ipynb #9346971e
 class RLHFDataset(torch.utils.data.Dataset):
     "Prompts rendered with the tokenizer's chat template and tokenized; prompts over `max_prompt_length` dropped."
     def __init__(self, data, tokenizer, max_prompt_length=512, kind="rl"):
@@ -673,14 +705,17 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     def __len__(self): return len(self.rows)
 
-    def __getitem__(self, i):
-        r, ids = self.rows[i], torch.tensor(self.prompt_ids[i], dtype=torch.long)   # ids: [P]
-        item = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "raw_prompt": r["prompt"],
-                "data_source": r["data_source"], "ability": r["ability"], "reward_model": r["reward_model"],
-                "extra_info": r["extra_info"], "index": r["extra_info"].get("index", i)}
-        for k in ("completion", "chosen", "rejected"):
-            if k in r: item[k] = r[k]
-        return item
+# %% ../nbs/00_data.ipynb #d603bd9a
+@patch
+def __getitem__(self: RLHFDataset, i):
+    "Item `i`: prompt `input_ids` LongTensor[P], an all-ones `attention_mask`, and the row's reward fields."
+    r, ids = self.rows[i], torch.tensor(self.prompt_ids[i], dtype=torch.long)   # ids: [P]
+    item = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "raw_prompt": r["prompt"],
+            "data_source": r["data_source"], "ability": r["ability"], "reward_model": r["reward_model"],
+            "extra_info": r["extra_info"], "index": r["extra_info"].get("index", i)}
+    for k in ("completion", "chosen", "rejected"):
+        if k in r: item[k] = r[k]
+    return item
 
 # %% ../nbs/00_data.ipynb #c21ac49d
 def collate_fn(items, pad_token_id):

@@ -40,7 +40,12 @@ DEFAULT_CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
 )
 
-# %% ../nbs/00a_models.ipynb #223ecfe5
+# %% ../nbs/00a_models.ipynb #96a7626a
+# Qwen2's pre-tokenizer split (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX), copied so a
+# rename upstream cannot change our tokenizer.
+QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+# %% ../nbs/00a_models.ipynb #5697b9ed
 def _bytes_to_unicode():
     "GPT-2's reversible map from the 256 byte values to printable unicode symbols (what `ByteLevel` uses)."
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
@@ -53,10 +58,7 @@ def _default_chars():
     "Printable ASCII plus newline: digits, letters, punctuation, space, `\\n` (no tabs or carriage returns)."
     return [c for c in string.printable if c not in "\t\r\x0b\x0c"]
 
-# Qwen2's pre-tokenizer split (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX), copied so a
-# rename upstream cannot change our tokenizer.
-QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-
+# %% ../nbs/00a_models.ipynb #ecee51a1
 def char_tokenizer(chars=None, padding_side="left", model_max_length=512, byte_fallback=False) -> PreTrainedTokenizerFast:
     "A character-level fast tokenizer (Qwen2's pipeline, no merges): special tokens first (pad=0 ... `<|end|>`=5), then one id per character."
     chars = _default_chars() if chars is None else list(chars)
@@ -217,7 +219,7 @@ def param_bytes(*modules):
             seen.add(key); total += st.nbytes()
     return total
 
-# %% ../nbs/00a_models.ipynb #718e317b
+# %% ../nbs/00a_models.ipynb #7c30212f
 def _resolve(name_or_path, what):
     "'tiny', a local path (must exist), or a hub name."
     name_or_path = os.fspath(name_or_path)
@@ -228,13 +230,16 @@ def _resolve(name_or_path, what):
         raise FileNotFoundError(f"{what}: no such local path {name_or_path!r}")
     return name_or_path  # a hub name
 
+# %% ../nbs/00a_models.ipynb #e2227ccf
 def _dtype(dtype):
+    "The torch dtype `dtype` names: None → float32, 'bfloat16' → torch.bfloat16; 'auto' and dtypes pass through."
     if dtype is None: return torch.float32
     if isinstance(dtype, str) and dtype != "auto":
         if not isinstance(getattr(torch, dtype, None), torch.dtype): raise ValueError(f"unknown dtype {dtype!r}")
         return getattr(torch, dtype)
     return dtype
 
+# %% ../nbs/00a_models.ipynb #7ff8f724
 def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, verbose=True):
     "A chat-ready tokenizer from `'tiny'`, a local folder or a hub name, with `padding_side` set."
     src = _resolve(name_or_path, "load_tokenizer")
@@ -249,6 +254,7 @@ def load_causal_lm(name_or_path, dtype=None, trust_remote_code=False, seed=0, **
     if src == "tiny": return tiny_causal_lm(char_tokenizer(), seed=seed).to(torch.float32 if dtype == "auto" else dtype)
     return AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
 
+# %% ../nbs/00a_models.ipynb #84e021c5
 def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, head_std=0.0, tokenizer=None, **kwargs):
     "A `num_labels=1` model from `'tiny'`, a local folder or a hub name; a causal-LM checkpoint gets a fresh head."
     src = _resolve(name_or_path, "load_value_model")
