@@ -203,11 +203,14 @@ def register_adv_estimator(name, needs_critic=False):
         return fn
     return deco
 
+def _lookup(registry, kind, name):
+    "`registry[name]`; an unknown name is an error listing the registered ones."
+    if name not in registry: raise UnknownEstimatorError(f"unknown {kind} {name!r}; registered: {', '.join(sorted(registry)) or 'none'}")
+    return registry[name]
+
 def get_adv_estimator(name):
     "The advantage estimator registered as `name`; an unknown name is an error listing the known ones."
-    if name not in ADV_ESTIMATORS:
-        raise UnknownEstimatorError(f"unknown advantage estimator {name!r}; registered: {', '.join(sorted(ADV_ESTIMATORS)) or 'none'}")
-    return ADV_ESTIMATORS[name]
+    return _lookup(ADV_ESTIMATORS, "advantage estimator", name)
 
 def estimator_needs_critic(name):
     "Whether the estimator `name` uses a critic's `values` (GAE does; group estimators do not)."
@@ -302,9 +305,7 @@ def register_policy_loss(name):
 
 def get_policy_loss(name):
     "The policy loss registered as `name`; an unknown name is an error listing the known ones."
-    if name not in POLICY_LOSSES:
-        raise UnknownEstimatorError(f"unknown policy loss {name!r}; registered: {', '.join(sorted(POLICY_LOSSES)) or 'none'}")
-    return POLICY_LOSSES[name]
+    return _lookup(POLICY_LOSSES, "policy loss", name)
 
 register_policy_loss("vanilla")(policy_loss)
 
