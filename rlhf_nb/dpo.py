@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import broadcast
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from . import data
@@ -18,17 +17,16 @@ from .config import option
 from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
-from .engine import write_checkpoint, resolve_checkpoint, read_checked, torch_load, load_weights, set_rng_state
+from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .engine import accelerate_cpu, process_state, gather_checksums, peak_memory
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_tokenizer, wrap_lora
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 
 # %% auto #0
-__all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'CKPT_FILES', 'dpo_loss', 'encode_pair',
-           'collate_pairs', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
-           'arith_preference_rows', 'check_pairs', 'encode_pairs', 'DPOTrainer', 'missing_files', 'dpo_data',
-           'dpo_train', 'run_dpo']
+__all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'dpo_loss', 'encode_pair', 'collate_pairs',
+           'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows',
+           'check_pairs', 'encode_pairs', 'DPOTrainer', 'dpo_data', 'dpo_train', 'run_dpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -369,13 +367,6 @@ def training_step(self: DPOTrainer, idx):
     return {**dict(zip(m, vals[1:].tolist())), "grad_norm": float(grad_norm), "nan_skipped": float(not finite)}
 
 # %% ../nbs/03_dpo_grpo.ipynb #49e22e04
-CKPT_FILES = ("trainer_state.json", "optimizer.pt", "policy")
-
-def missing_files(path):
-    "The files of a complete DPO checkpoint that folder `path` lacks (the policy's weights included)."
-    p = Path(path)
-    return [f for f in CKPT_FILES if not (p / f).exists()] + ([] if list((p / "policy").glob("*.safetensors")) else ["policy/*.safetensors"])
-
 @patch
 def save_checkpoint(self: DPOTrainer):
     "Write output_dir/checkpoint-{step} with the engine (atomic, RNG per process, `save_total_limit`). -> path"
@@ -418,15 +409,6 @@ def save(self: DPOTrainer, path=None):
         save_atomic(path, lambda tmp: (self.model.save_pretrained(tmp), self.tokenizer.save_pretrained(tmp)))
     return str(path)
 
-# %% ../nbs/03_dpo_grpo.ipynb #e27cbde8
-@patch
-def _out_of_time(self: DPOTrainer, budget):
-    "Whether `budget` (a `TimeBudget`) is spent, as the main process sees it, so every process stops at the same step."
-    spent = budget.spent()
-    if self.world > 1 and budget.max_seconds is not None:
-        spent = bool(broadcast(torch.tensor([float(spent)], device=self.accelerator.device), from_process=0).item())
-    return spent
-
 # %% ../nbs/03_dpo_grpo.ipynb #b3cca697
 @patch
 def fit(self: DPOTrainer):
@@ -444,7 +426,7 @@ def fit(self: DPOTrainer):
         self.step += 1; bar.update(1)
         finite = not m["nan_skipped"]
         self.nan_guard.update(finite, self.step)
-        out_of_time = self._out_of_time(budget)
+        out_of_time = budget.spent(acc)
         row = {"step": self.step, "time": round(budget.elapsed, 2), "learning_rate": self.scheduler.get_last_lr()[0], **m}
         if self.nan_guard.exhausted: self.run_log.log(row); self.nan_guard.check(self.step)
         last = self.step == total or out_of_time

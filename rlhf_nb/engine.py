@@ -8,13 +8,14 @@ import hashlib, json, math, os, random, resource, shutil, tempfile, time, warnin
 from pathlib import Path
 import numpy as np
 import torch
+from accelerate.utils import broadcast
 
 # %% auto #0
 __all__ = ['DEFAULT_PANELS', 'write_json_atomic', 'save_atomic', 'fresh_output_dir', 'save_model_folder', 'read_metrics',
            'open_metrics', 'metric_sinks', 'RunLog', 'plot_metrics', 'rng_state', 'set_rng_state', 'list_checkpoints',
-           'write_checkpoint', 'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights',
-           'NanGuard', 'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'make_adamw']
+           'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load',
+           'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state',
+           'merge_rank_metrics', 'param_checksum', 'gather_checksums', 'peak_memory', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -183,6 +184,12 @@ def write_checkpoint(output_dir, step, write, state, rank=0, barrier=lambda: Non
     return final
 
 # %% ../nbs/01b_engine.ipynb #bab6405b
+def missing_files(path, files=("trainer_state.json", "optimizer.pt"), weights="policy"):
+    "What a complete checkpoint has and folder `path` lacks: each of `files`, the `weights` folder and its safetensors."
+    p = Path(path)
+    miss = [f for f in (*files, weights) if not (p / f).exists()]
+    return miss + ([] if list((p / weights).glob("*.safetensors")) else [f"{weights}/*.safetensors"])
+
 def resolve_checkpoint(output_dir, path, missing):
     "The checkpoint folder `path` names ('latest' = newest complete one in `output_dir`); incomplete ones are refused."
     if path == "latest":
@@ -259,21 +266,26 @@ class TimeBudget:
     def __init__(self, max_seconds=None): self.max_seconds, self.t0 = max_seconds, time.perf_counter()
     @property
     def elapsed(self): return time.perf_counter() - self.t0
-    def spent(self): return self.max_seconds is not None and self.elapsed >= self.max_seconds
+
+    def spent(self, accelerator=None):
+        "Whether the budget is spent; with an `accelerator` of several processes, as rank 0 sees it (all stop together)."
+        spent = self.max_seconds is not None and self.elapsed >= self.max_seconds
+        if accelerator is not None and accelerator.num_processes > 1 and self.max_seconds is not None:
+            spent = bool(broadcast(torch.tensor([float(spent)], device=accelerator.device), from_process=0).item())
+        return spent
 
 # %% ../nbs/01b_engine.ipynb #c530f1a1
+def _cpu_flag(environ): return environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on")
+
 def accelerate_cpu(environ=None):
     "Whether accelerate must be told `cpu=True` to see every process: ACCELERATE_USE_CPU, or WORLD_SIZE > 1 without CUDA."
     environ = os.environ if environ is None else environ
-    if environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on"): return True
-    return int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not torch.cuda.is_available()
+    return _cpu_flag(environ) or (int(environ.get("WORLD_SIZE", "1") or 1) > 1 and not torch.cuda.is_available())
 
 def ensure_cpu_distributed(environ=None):
     "Under a multi-process launcher on a machine without CUDA, set ACCELERATE_USE_CPU=1; -> whether it was set now."
     environ = os.environ if environ is None else environ
-    if int(environ.get("WORLD_SIZE", "1") or 1) <= 1: return False
-    if environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on"): return False
-    if torch.cuda.is_available(): return False
+    if _cpu_flag(environ) or not accelerate_cpu(environ): return False
     environ["ACCELERATE_USE_CPU"] = "1"
     return True
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/02_ppo.ipynb #f9394aca
 from __future__ import annotations
-import copy, dataclasses, json, math, sys, time, warnings
+import copy, dataclasses, json, sys, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,12 +13,12 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from accelerate import Accelerator
-from accelerate.utils import broadcast, gather_object
+from accelerate.utils import gather_object
 from transformers import set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
-from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, read_checked, torch_load, set_rng_state,
+from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
                             NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics)
 from .data import RLHFDataset, load_split, held_out_spec
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
@@ -29,8 +29,7 @@ from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolic
 
 # %% auto #0
 __all__ = ['DEFAULT_ROLE_WORKERS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig',
-           'RLTrainer', 'resolve_critic', 'select_rows', 'rollout_table', 'agg_units', 'loss_weights', 'missing_files',
-           'ppo_main']
+           'RLTrainer', 'resolve_critic', 'select_rows', 'rollout_table', 'agg_units', 'loss_weights', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #8ebcb122
 @dataclass
@@ -491,13 +490,6 @@ def evaluate(self: RLTrainer):
     return out
 
 # %% ../nbs/02_ppo.ipynb #d3b1cada
-def missing_files(path):
-    "Files a complete RL checkpoint has and `path` lacks."
-    path = Path(path)
-    miss = [f for f in ("trainer_state.json", "optimizer.pt") if not (path / f).exists()]
-    if not list((path / "policy").glob("*.safetensors")): miss.append("policy/*.safetensors")
-    return miss
-
 @patch
 def save_checkpoint(self: RLTrainer):
     "Write `output_dir/checkpoint-{step}`: every worker's weights, the optimiser states and the trainer's state."
@@ -582,15 +574,6 @@ def step(self: RLTrainer):
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     return m
 
-# %% ../nbs/02_ppo.ipynb #dfe58fbc
-@patch
-def _out_of_time(self: RLTrainer, budget):
-    "Whether the time budget is spent (decided by rank 0, so every rank stops at the same step)."
-    spent = budget.spent()
-    if self.world > 1 and budget.max_seconds is not None:
-        spent = bool(broadcast(torch.tensor([float(spent)], device=self.accelerator.device), from_process=0).item())
-    return spent
-
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch
 def fit(self: RLTrainer):
@@ -604,7 +587,7 @@ def fit(self: RLTrainer):
     bar = tqdm(total=cfg.max_steps, initial=self.global_step, disable=cfg.disable_tqdm or not acc.is_main_process, desc="rl")
     while self.global_step < cfg.max_steps:
         m = self.step(); self.global_step += 1
-        out_of_time = self._out_of_time(budget)
+        out_of_time = budget.spent(acc)             # rank 0 decides for every rank
         if cfg.eval_steps and (self.global_step % cfg.eval_steps == 0 or self.global_step >= cfg.max_steps or out_of_time):
             m.update(self.evaluate())
         m.update({"step": self.global_step, "time/elapsed": budget.elapsed})

@@ -18,7 +18,6 @@ from fastcore.basics import patch
 from .config import option
 from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_tokenizer, load_value_model
-from .engine import save_atomic
 
 logger = logging.getLogger("rlhf_nb.rewards")
 from .engine import fresh_output_dir, save_model_folder

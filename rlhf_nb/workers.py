@@ -4,7 +4,7 @@
 
 # %% ../nbs/01c_workers.ipynb #fcf56724
 from __future__ import annotations
-import copy, enum, json
+import copy, enum
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 import torch
