@@ -21,6 +21,7 @@ from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
+from .placement import WorkerLost
 from .ppo import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
@@ -188,7 +189,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError)
+                   UnknownEstimatorError, ValueError, WorkerLost)
 
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
