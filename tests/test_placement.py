@@ -101,3 +101,10 @@ def test_killed_ray_worker_stops_the_driver_and_resume_reproduces_the_run(tmp_pa
     assert ref.wait(timeout=TIMEOUT) == 0, ref.stderr.read()[-3000:]
     a, b = metrics(tmp_path / "ref"), metrics(out)
     assert len(a) == n and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
+
+
+def test_reinforce_pp_whitens_over_every_process(tmp_path):
+    "REINFORCE++'s whitening under DDP x2 uses the statistics of the global batch, not of each rank's half."
+    ddp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    r = run([str(Path(__file__).with_name("_whiten_worker.py")), str(tmp_path / "o")], prefix=ddp)
+    assert "global whitening ok" in r.stdout, r.stdout + r.stderr[-2000:]
