@@ -309,6 +309,7 @@ def param_checksum(*modules):
     for m in modules:
         if m is None: continue
         for n, p in sorted(m.named_parameters(), key=lambda t: t[0]):
+            p = p.full_tensor() if hasattr(p, "full_tensor") else p       # an FSDP2 shard: gathered (every rank calls this)
             h.update(n.encode()); h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 

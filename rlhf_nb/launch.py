@@ -64,6 +64,12 @@ ACCELERATE_CONFIGS.update({
                   fsdp_config=dict(fsdp_version=2, fsdp_auto_wrap_policy="TRANSFORMER_BASED_WRAP", fsdp_offload_params=False,
                                    fsdp_reshard_after_forward=True, fsdp_state_dict_type="FULL_STATE_DICT",
                                    fsdp_cpu_ram_efficient_loading=True, fsdp_activation_checkpointing=False))),
+    "fsdp_cpu": ("Two CPU processes, FSDP2 (gloo): parameters, gradients and optimizer state sharded over the ranks. accelerate "
+                 "ignores FSDP on CPUs, so rlhf-nb's workers apply torch's fully_shard themselves (placement accelerate, fsdp auto).",
+                 dict(distributed_type="FSDP", use_cpu=True, num_processes=2, mixed_precision="no", main_process_port=0,
+                      fsdp_config=dict(fsdp_version=2, fsdp_auto_wrap_policy="TRANSFORMER_BASED_WRAP", fsdp_offload_params=False,
+                                       fsdp_reshard_after_forward=True, fsdp_state_dict_type="FULL_STATE_DICT",
+                                       fsdp_cpu_ram_efficient_loading=False, fsdp_activation_checkpointing=False))),
     "deepspeed_zero2": ("One node, 8 GPUs, DeepSpeed ZeRO-2: optimizer state and gradients sharded (pip install deepspeed).",
                         _deepspeed(2, zero3_init_flag=False)),
     "deepspeed_zero3": ("One node, 8 GPUs, DeepSpeed ZeRO-3: weights sharded too; 16-bit weights gathered on save (pip install deepspeed).",

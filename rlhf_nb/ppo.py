@@ -267,7 +267,7 @@ def _build_workers(self: RLTrainer):
             self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
         actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
         self.workers[Role.ActorRollout] = actor
-        self.reference = Reference(actor.policy, cfg.ref_strategy)       # from the unwrapped, broadcast policy
+        self.reference = actor.make_reference(cfg.ref_strategy)          # from the unwrapped, broadcast policy
         if self.reference.active and want(Role.RefPolicy): self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
     self.reward_manager = self.reward_manager or RewardManager(self.tokenizer)
     self.reward_fn = self.reward_fn or self.reward_manager               # verl's names: training reward, validation reward
@@ -511,6 +511,8 @@ def save_checkpoint(self: RLTrainer):
                     "critic_sched": c.get("scheduler")}, tmp / "optimizer.pt")
     state = {"global_step": self.global_step, "sampler_state": self.sampler_state, "kl_ctl": self.kl_ctl.state_dict(),
              "world_size": self.world, "config": dataclasses.asdict(self.config)}
+    for w in (actor, critic):                                            # sharded weights: every rank joins the gather
+        if hasattr(w, "gather_for_save"): w.gather_for_save()
     return write_checkpoint(self.config.output_dir, self.global_step, write, state, self.rank,
                             self.accelerator.wait_for_everyone, self.config.save_total_limit)
 

@@ -34,14 +34,14 @@ class Role(enum.Enum):
 # %% ../nbs/01c_workers.ipynb #df16b54f
 class Reference:
     "The reference policy of a KL penalty: strategy `copy` (frozen copy), `peft` (adapter disabled) or `none`."
-    def __init__(self, policy, strategy="copy"):
+    def __init__(self, policy, strategy="copy", model=None):
         if strategy not in ("copy", "peft", "none"):
             raise ValueError(f"ref_strategy must be copy, peft or none, not {strategy!r}")
         if strategy == "peft" and not is_peft_model(policy):
             raise ValueError("ref_strategy='peft' needs a PEFT (LoRA) policy: set use_peft=True or wrap it with wrap_lora()")
         self.strategy, self.policy = strategy, policy
         self.model = None
-        if strategy == "copy": self.model = copy.deepcopy(policy).eval().requires_grad_(False)
+        if strategy == "copy": self.model = model if model is not None else copy.deepcopy(policy).eval().requires_grad_(False)
 
     @property
     def active(self): return self.strategy != "none"
@@ -161,14 +161,14 @@ def sequence_positions(attention_mask):
 
 # %% ../nbs/01c_workers.ipynb #ff80be86
 @torch.no_grad()
-def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False):
+def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False, synced=False):
     "Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors."
     was_training = model.training
     model.eval()
     gc = copy.deepcopy(generation_config)
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
     with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc)
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced)  # synced: sharded ranks step together
     if was_training: model.train()
     P = input_ids.shape[1]
     responses = out.sequences[:, P:]                                      # [B,R], R <= max_new_tokens
@@ -199,8 +199,12 @@ class TrainedWorker:
     "A role that learns: its module and optimiser prepared by `accelerator`, a scheduler, and one step per mini-batch."
     def __init__(self, module, lr, config, accelerator):
         self.config, self.accelerator = config, accelerator
-        self.module, self.optimizer = accelerator.prepare(module, make_adamw(module.parameters(), lr, config.weight_decay))
+        self.module, self.optimizer = self.prepare_module(module, lr)
         self.scheduler = make_scheduler(config, self.optimizer)
+
+    def prepare_module(self, module, lr):
+        "The module and its AdamW, prepared by the accelerator (DDP under several processes); a sharding worker overrides it."
+        return self.accelerator.prepare(module, make_adamw(module.parameters(), lr, self.config.weight_decay))
 
     @property
     def unwrapped(self): return self.accelerator.unwrap_model(self.module)
@@ -239,8 +243,11 @@ class ActorRolloutWorker(TrainedWorker):
         self.generation_config = make_generation_config(tokenizer, config.max_completion_length, config.temperature,
                                                         config.top_k, config.top_p)
 
+    synced_generation = False                                            # True when ranks hold shards of one model
+
     @property
     def policy(self): return self.unwrapped.policy
+    def make_reference(self, strategy): return Reference(self.policy, strategy)
     @property
     def value_head(self): return self.unwrapped.v_head
 
@@ -259,7 +266,8 @@ def generate_sequences(self: ActorRolloutWorker, batch):
     dev = self.accelerator.device
     with torch.no_grad(), self.accelerator.autocast():
         ro = generate_rollout(self.policy, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
-                              self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
+                              self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
+                              synced=self.synced_generation)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
     G = self.config.num_generations
     if G > 1 and self.config.share_prompt_prefix: out["prompt_group"] = prompt_groups(ro["prompts"], ro["prompt_mask"], G)
