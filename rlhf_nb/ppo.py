@@ -90,7 +90,7 @@ class ObjectiveArgs:
     lam: float = option(0.95, "GAE lambda.")
     whiten_advantages: bool = option(True, "Standardise advantages over the valid tokens of the batch.")
     whiten_rewards: bool = option(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
-    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate) or dual_clip.")
+    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate), dual_clip, gspo (sequence-level ratio) or cispo (clipped weights).")
     cliprange: float = option(0.2, "PPO ratio clip epsilon.")
     cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).")
     cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
