@@ -26,6 +26,7 @@ from .ppo import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
 from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
+from .trl_pipelines import trl_main
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'accelerate_config_text',
@@ -338,6 +339,9 @@ register_subcommand("rm", rm_main, "train a Bradley-Terry reward model on prefer
 register_subcommand("eval", eval_main, "greedy held-out accuracy of a saved policy")
 register_subcommand("plot", plot_main, "plot metrics.jsonl of one or more runs to a PNG")
 register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
+
+# %% ../nbs/04_launch.ipynb #17cbe022
+register_subcommand("trl", trl_main, "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
 
 # %% ../nbs/04_launch.ipynb #65488dc8
 _MOVED_TO_BENCH = ("rl_throughput", "ParityReward", "QWEN25_05B_SHAPE", "DRY_SHAPE", "PEAK_BF16_TFLOPS")
