@@ -61,3 +61,50 @@ def test_colocate_and_ray_split_log_the_same_metrics(tmp_path, algo):
     workers = json.loads((tmp_path / "ray" / "ray_workers.json").read_text())
     assert {w["pool"]: tuple(w["roles"]) for w in workers} == (
         {"actor_pool": ("ActorRollout", "RefPolicy"), "critic_pool": ("Critic",)} if algo == "ppo" else {"actor_pool": ("ActorRollout", "RefPolicy")})
+
+
+def test_ray_worker_group_of_two_matches_accelerate_ddp(tmp_path):
+    "A pool of 2 Ray workers (gloo process group, one shard each) logs what 2 accelerate DDP processes log."
+    ddp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    run(cli("ppo", tmp_path / "ddp", "--max_steps", 2)[1:], prefix=ddp)
+    run(cli("ppo", tmp_path / "ray", "--max_steps", 2, "--placement", "ray", "--resource_pools", "dp_pool=2",
+            "--role_pools", "ActorRolloutRef=dp_pool,Critic=dp_pool"))
+    a, b = metrics(tmp_path / "ddp"), metrics(tmp_path / "ray")
+    assert len(a) == 2 and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
+    assert_moving(a)
+    assert len(json.loads((tmp_path / "ray" / "ray_workers.json").read_text())) == 2
+
+
+def test_killed_ray_worker_stops_the_driver_and_resume_reproduces_the_run(tmp_path):
+    "SIGKILL to the critic's Ray worker mid-run: one line naming role and pool, no half-written checkpoint, then `latest`."
+    n, args = 6, ["--save_steps", 2, "--save_total_limit", 5]
+    ref = subprocess.Popen(cli("ppo", tmp_path / "ref", "--max_steps", n, *args), env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = cli("ppo", tmp_path / "ray", "--max_steps", n, *args, "--placement", "ray", *SPLIT["ppo"])
+    cmd.insert(cmd.index("--"), "--step_sleep"); cmd.insert(cmd.index("--"), "1.0")
+    p = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, deadline = tmp_path / "ray", time.time() + TIMEOUT
+    while time.time() < deadline and p.poll() is None:
+        if (out / "checkpoint-2" / "trainer_state.json").exists() and (out / "metrics.jsonl").exists() and len(metrics(out)) >= 3: break
+        time.sleep(0.05)
+    assert p.poll() is None, "the run ended before it could be interrupted"
+    critic = next(w for w in json.loads((out / "ray_workers.json").read_text()) if w["pool"] == "critic_pool")
+    os.kill(critic["pid"], signal.SIGKILL)
+    _, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 2, err[-3000:]
+    errors = [l.split("]")[-1].strip() for l in err.replace("\r", "\n").splitlines() if "error:" in l]    # past the progress bar
+    assert len(errors) == 1, err[-3000:]
+    assert errors[0].startswith("rlhf-nb ppo: error: Ray worker of role Critic on pool 'critic_pool'") and f"pid {critic['pid']}" in errors[0], errors
+    done = sorted(int(c.name.split("-")[1]) for c in out.glob("checkpoint-*"))
+    assert done and all((out / f"checkpoint-{s}" / "trainer_state.json").exists() for s in done) and max(done) < n
+    assert len(metrics(out)) < n
+    run(cmd + ["--resume_from_checkpoint", "latest"])
+    assert ref.wait(timeout=TIMEOUT) == 0, ref.stderr.read()[-3000:]
+    a, b = metrics(tmp_path / "ref"), metrics(out)
+    assert len(a) == n and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
+
+
+def test_reinforce_pp_whitens_over_every_process(tmp_path):
+    "REINFORCE++'s whitening under DDP x2 uses the statistics of the global batch, not of each rank's half."
+    ddp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
+    r = run([str(Path(__file__).with_name("_whiten_worker.py")), str(tmp_path / "o")], prefix=ddp)
+    assert "global whitening ok" in r.stdout, r.stdout + r.stderr[-2000:]
