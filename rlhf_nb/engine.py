@@ -76,7 +76,7 @@ def open_metrics(output_dir, step=0, write=True):
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
     return keep
 
-# %% ../nbs/01b_engine.ipynb #9a16f0c2
+# %% ../nbs/01b_engine.ipynb #3f344c01
 TRL_METRIC_NAMES = {"score/mean": "objective/scores", "kl/mean": "objective/kl", "reward/mean": "objective/rlhf_reward",
                     "actor/entropy": "policy/entropy_avg", "actor/pg_loss": "loss/policy_avg", "critic/vf_loss": "loss/value_avg",
                     "actor/pg_clipfrac": "policy/clipfrac_avg", "actor/ppo_kl": "policy/approxkl_avg",
@@ -95,9 +95,9 @@ def require_extra(module, extra, what):
     try: return importlib.import_module(module)
     except ImportError: raise MissingExtra(f"{what} needs the {module.split('.')[0]} package: pip install 'rlhf-nb[{extra}]'") from None
 
-# %% ../nbs/01b_engine.ipynb #5084b0d6
+# %% ../nbs/01b_engine.ipynb #d74f09c0
 def _tensorboard_sink(output_dir, config=None):
-    tb = require_extra("torch.utils.tensorboard", "dev", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
+    tb = require_extra("torch.utils.tensorboard", "tensorboard", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
     atexit.register(tb.close)
     def log(m):
         for k, v in trl_names(m).items(): tb.add_scalar(k, v, m["step"])
