@@ -97,7 +97,7 @@ def require_extra(module, extra, what):
 
 # %% ../nbs/01b_engine.ipynb #d74f09c0
 def _tensorboard_sink(output_dir, config=None):
-    tb = require_extra("torch.utils.tensorboard", "dev", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
+    tb = require_extra("torch.utils.tensorboard", "tensorboard", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
     atexit.register(tb.close)
     def log(m):
         for k, v in trl_names(m).items(): tb.add_scalar(k, v, m["step"])
