@@ -582,7 +582,21 @@ def step(self: RLTrainer):
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
+    self.record_samples(data)
     return m
+
+# %% ../nbs/02_ppo.ipynb #9ac59df2
+from .health import step_samples, append_samples
+
+@patch
+def record_samples(self: RLTrainer, data, n=4):
+    "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process only)."
+    if not self.accelerator.is_main_process: return
+    kl = data.get("kl")
+    if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
+    tok = self.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch
