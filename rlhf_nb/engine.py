@@ -14,12 +14,12 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['FULL_ERRNOS', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes',
            'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'save_atomic', 'fresh_output_dir',
-           'save_model_folder', 'read_metrics', 'open_metrics', 'metric_sinks', 'RunLog', 'plot_metrics', 'rng_state',
-           'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint',
-           'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget',
-           'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum',
-           'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted',
-           'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
+           'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'metric_sinks', 'RunLog',
+           'plot_metrics', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
+           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
+           'Interrupted', 'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -138,12 +138,25 @@ def save_model_folder(out, model, tokenizer, history, summary):
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
     return save_atomic(out, write)
 
+# %% ../nbs/01b_engine.ipynb #38898340
+def parse_metrics_lines(text, path="metrics.jsonl"):
+    "Rows of metrics.jsonl `text`; a half-written last line is dropped with a warning, any other bad line is a ValueError."
+    lines = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip()]
+    rows = []
+    for k, (n, l) in enumerate(lines):
+        try: rows.append(json.loads(l))
+        except json.JSONDecodeError as e:
+            if k == len(lines) - 1 and not text.endswith("\n"):
+                warnings.warn(f"{path}: dropped a half-written last line (line {n}, {len(l)} characters): the run stopped while writing it")
+            else: raise ValueError(f"{path}: line {n} is not JSON ({e.msg}): {l[:60]!r}") from None
+    return rows
+
 # %% ../nbs/01b_engine.ipynb #8a9e2135
 def read_metrics(path):
     "Rows of a metrics.jsonl file (or of `path/metrics.jsonl` for a run folder)."
     p = Path(path); p = p / "metrics.jsonl" if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no metrics file at {p}")
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    return parse_metrics_lines(p.read_text(), p)
 
 def open_metrics(output_dir, step=0, write=True):
     "Start `output_dir/metrics.jsonl`: empty for a new run, cut back to rows with step <= `step` on resume; -> rows kept."
@@ -320,6 +333,10 @@ def load_weights(model, folder, root=None):
     if not files: raise FileNotFoundError(f"no *.safetensors weights in {folder}")
     sd = {}
     for f in files: sd.update(read_checked(f, lambda p: load_file(str(p)), root))
+    own = model.state_dict()
+    other = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape]
+    if other: raise ValueError(f"checkpoint {folder} is from a model of another shape: {other[0][0]} is {list(other[0][1])} there, "
+                               f"{list(other[0][2])} here ({len(other)} tensors differ); resume with the model it was written by")
     missing, unexpected = model.load_state_dict(sd, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     bad = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]

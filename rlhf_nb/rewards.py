@@ -500,7 +500,7 @@ def _fail(self: RewardManager, i, ds, msg, failures):
     failures.append((i, ds, msg))
     if len(failures) <= self.log_failures: logger.warning(f"reward failed for row {i} (data_source={ds!r}): {msg}; scored {self.fail_score}")
 
-# %% ../nbs/01_rewards.ipynb #6e4e40a5
+# %% ../nbs/01_rewards.ipynb #82e41f8d
 RewardManager.score_timeout = 30.0            # seconds one reward call may take before it scores fail_score (None: no limit)
 
 def call_with_timeout(fn, args, seconds):
