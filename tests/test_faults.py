@@ -118,3 +118,16 @@ def test_disk_full_stops_with_one_line_keeps_what_was_written_and_resume_matches
     ref.ok()
     assert_same_metrics(ref.out, out)
     assert_same_weights(ref.out, out)
+
+
+# --- the fault-injection harness ------------------------------------------------------------------------------------
+
+def test_fault_injection_harness_resume_equals_never_stopped():
+    "SIGKILL at random moments across seeds (bounded: at most 12 faults, 90 s of faults), each resumed and compared."
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "_fault_harness.py"), "--faults", "12", "--budget", "90"],
+                       capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=TIMEOUT)
+    report = [l for l in r.stdout.splitlines() if l.startswith(("fault ", "injected faults"))]
+    print("\n".join(report))                                                  # shown with pytest -s / on failure
+    assert r.returncode == 0 and report and report[-1].startswith("injected faults: "), r.stdout[-3000:] + r.stderr[-3000:]
+    injected, survived = (int(report[-1].split(", ")[k].split(": ")[1]) for k in (0, 1))
+    assert injected >= 1 and survived == injected, report[-1]
