@@ -16,7 +16,7 @@ from typing import Optional
 import yaml
 from .config import ConfigError, make_parser, option, parse_config
 from .core import UnknownEstimatorError
-from .engine import CorruptCheckpoint, ensure_cpu_distributed, process_state
+from .engine import CorruptCheckpoint, DiskFull, Interrupted, end_distributed, ensure_cpu_distributed, process_state
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
@@ -190,7 +190,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError, WorkerLost)
+                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull)
 
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -209,10 +209,16 @@ def main(argv=None):
     try:
         wants_launcher = any(a == "--accelerate_config" or a.startswith("--accelerate_config=") for a in rest)
         if wants_launcher and not any(a in ("-h", "--help") for a in rest): return relaunch(name, rest)
-        return _resolve(SUBCOMMANDS[name][0])(rest) or 0
+        status = _resolve(SUBCOMMANDS[name][0])(rest) or 0
+        end_distributed()                                               # before exit, or gloo may abort it (SIGABRT)
+        return status
     except SystemExit as e:                                               # argparse's --help
         if e.code in (0, None): return 0
         raise
+    except Interrupted as e:                                              # SIGTERM/SIGINT: checkpoint written
+        end_distributed()
+        print(f"{_rank_prefix()}rlhf-nb {name}: {e}", file=sys.stderr)
+        return e.exit_code
     except EXPECTED_ERRORS as e:
         if os.environ.get("RLHF_NB_DEBUG"): raise
         msg = str(e).strip().strip('"').splitlines()[0] if str(e).strip() else type(e).__name__

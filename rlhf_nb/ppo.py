@@ -19,7 +19,7 @@ from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics)
+                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
 from .data import RLHFDataset, load_split, held_out_spec
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model)
@@ -600,8 +600,8 @@ def record_samples(self: RLTrainer, data, n=4):
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch
-def fit(self: RLTrainer):
-    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+def _fit(self: RLTrainer):
+    "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal), evaluation, metrics, checkpoints."
     if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
@@ -623,10 +623,20 @@ def fit(self: RLTrainer):
         want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
         saved = want_save and not guard.streak                          # a save due in a NaN streak waits for a clean step
         if saved: self.save_checkpoint(); want_save = False
+        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
+            bar.close()
+            raise Interrupted(sig, self.global_step, Path(cfg.output_dir) / f"checkpoint-{self.global_step}" if saved else self.save_checkpoint())
         if out_of_time: break
     bar.close()
     if cfg.save_final and not saved and not guard.streak: self.save_checkpoint()
     return self.history
+
+# %% ../nbs/02_ppo.ipynb #fa3e4f45
+@patch
+def fit(self: RLTrainer):
+    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+    if not self._initialised: self.init_workers()
+    with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
 
 # %% ../nbs/02_ppo.ipynb #00d4282c
 def ppo_main(argv=None):
