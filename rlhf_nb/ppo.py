@@ -19,7 +19,7 @@ from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics)
+                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
 from .data import RLHFDataset, load_split, held_out_spec
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model)
@@ -90,7 +90,7 @@ class ObjectiveArgs:
     lam: float = option(0.95, "GAE lambda.")
     whiten_advantages: bool = option(True, "Standardise advantages over the valid tokens of the batch.")
     whiten_rewards: bool = option(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
-    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate) or dual_clip.")
+    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate), dual_clip, gspo (sequence-level ratio) or cispo (clipped weights).")
     cliprange: float = option(0.2, "PPO ratio clip epsilon.")
     cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).")
     cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
@@ -584,12 +584,26 @@ def step(self: RLTrainer):
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
+    self.record_samples(data)
     return m
+
+# %% ../nbs/02_ppo.ipynb #9ac59df2
+from .health import step_samples, append_samples
+
+@patch
+def record_samples(self: RLTrainer, data, n=4):
+    "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process only)."
+    if not self.accelerator.is_main_process: return
+    kl = data.get("kl")
+    if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
+    tok = self.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch
-def fit(self: RLTrainer):
-    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+def _fit(self: RLTrainer):
+    "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal), evaluation, metrics, checkpoints."
     if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
@@ -611,10 +625,20 @@ def fit(self: RLTrainer):
         want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
         saved = want_save and not guard.streak                          # a save due in a NaN streak waits for a clean step
         if saved: self.save_checkpoint(); want_save = False
+        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
+            bar.close()
+            raise Interrupted(sig, self.global_step, Path(cfg.output_dir) / f"checkpoint-{self.global_step}" if saved else self.save_checkpoint())
         if out_of_time: break
     bar.close()
     if cfg.save_final and not saved and not guard.streak: self.save_checkpoint()
     return self.history
+
+# %% ../nbs/02_ppo.ipynb #fa3e4f45
+@patch
+def fit(self: RLTrainer):
+    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+    if not self._initialised: self.init_workers()
+    with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
 
 # %% ../nbs/02_ppo.ipynb #00d4282c
 def ppo_main(argv=None):
