@@ -54,9 +54,12 @@ def arm(name, size, steps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", nargs="+", default=["tiny", "33m"]); ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), help="a subset of: " + ", ".join(ARMS))
     a = ap.parse_args()
-    res = {f"{s}/{n}": arm(n, s, a.steps) for s in a.sizes for n in ARMS}
-    (ROOT / "bench" / "results_placement.json").write_text(json.dumps(res, indent=1))
+    path = ROOT / "bench" / "results_placement.json"
+    res = json.loads(path.read_text()) if path.exists() else {}          # earlier arms are kept; the ones run now replace theirs
+    res.update({f"{s}/{n}": arm(n, s, a.steps) for s in a.sizes for n in a.arms})
+    path.write_text(json.dumps(res, indent=1))
     lines = ["| model / arm | update s | step s | Ray overhead s | peak RSS GB (main process) | load |", "|---|---|---|---|---|---|"]
     lines += [f"| {k} | {v.get('update_s')} | {v.get('step_s')} | {v.get('ray_overhead_s')} | {v.get('peak_rss_gb_main')} | {v.get('load1')} |"
               if "error" not in v else f"| {k} | error: {v['error']} |||||" for k, v in res.items()]
