@@ -338,7 +338,7 @@ register_subcommand("eval", eval_main, "greedy held-out accuracy of a saved poli
 register_subcommand("plot", plot_main, "plot metrics.jsonl of one or more runs to a PNG")
 register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
 
-# %% ../nbs/04_launch.ipynb #1c6961ec
+# %% ../nbs/04_launch.ipynb #644e46cb
 from .health import save_health, format_warnings
 
 def health_main(argv=None):
