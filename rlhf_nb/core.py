@@ -283,7 +283,7 @@ def discounted_returns(token_level_rewards, response_mask, gamma=1.0):
 def reinforce_pp_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
     "REINFORCE++: per-token discounted returns whitened over the batch. [B,R] -> ([B,R], [B,R])"
     returns = discounted_returns(token_level_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask) * response_mask, returns
+    return (kw.get("whiten") or masked_whiten)(returns, response_mask) * response_mask, returns
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0,
@@ -291,7 +291,7 @@ def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, value
     "REINFORCE++ with a group-mean baseline, then whitened over the batch. [B,R] -> ([B,R], [B,R])"
     centred = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size,
                                           norm_by_std=False), response_mask)
-    return masked_whiten(centred, response_mask) * response_mask, centred
+    return (kw.get("whiten") or masked_whiten)(centred, response_mask) * response_mask, centred
 
 # %% ../nbs/01a_core.ipynb #1725bd31
 POLICY_LOSSES = {}
