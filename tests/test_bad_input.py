@@ -110,6 +110,17 @@ def test_dpo_batch_size_zero(run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_unknown_policy_loss_lists_the_registered_ones(run, tmp_path):
+    one_line(*run("grpo", "--policy_loss", "gpso", "--output_dir", tmp_path / "out", *TINY),
+             "unknown policy loss 'gpso'", "cispo, dual_clip, gspo, vanilla")
+    assert not (tmp_path / "out").exists()
+
+
+def test_health_of_a_folder_without_metrics(run, tmp_path):
+    one_line(*run("health", tmp_path / "nothing"), "rlhf-nb health: error:", "no metrics file at")
+    assert not (tmp_path / "nothing" / "health.png").exists()
+
+
 def test_grpo_needs_a_group(run, tmp_path):
     one_line(*run("grpo", "--output_dir", tmp_path / "out", *TINY, "--num_generations", 1),
              "adv_estimator 'grpo' compares completions of one prompt: num_generations must be >= 2")
