@@ -789,6 +789,9 @@ def score_rows(self: ValidationScorer, rows, responses, ref_responses=None):
     "Per-row scores: (scores, ref_scores or None, failures); rule rows by `compute_score`, model rows by the reward model."
     scores, ref, fails = [0.0] * len(rows), None, 0
     model_rows = [i for i, r in enumerate(rows) if _as_reward_fields(r["reward_model"]).get("style") == "model"]
+    if self.compute_score is compute_score:              # a misspelt source is a config error, as in RewardManager
+        unknown = sorted({r["data_source"] for i, r in enumerate(rows) if i not in model_rows} - set(REWARD_REGISTRY))
+        if unknown: raise UnknownRewardError(f"validation: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
     for i, r in enumerate(rows):
         if i in model_rows: continue
         try: s = self.compute_score(r["data_source"], responses[i], _as_reward_fields(r["reward_model"]).get("ground_truth"), r.get("extra_info"))
