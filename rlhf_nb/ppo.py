@@ -270,7 +270,7 @@ def _build_workers(self: RLTrainer):
         self.val_reward_fn = ValidationScorer.from_manager(getattr(self, "val_reward_fn", None) or self.reward_manager)
     self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
 
-# %% ../nbs/02_ppo.ipynb #ade28738
+# %% ../nbs/02_ppo.ipynb #a18cdaa2
 @patch
 def _reward_manager_from_config(self: RLTrainer):
     "A `RewardManager` for the policy's tokenizer, with the config's `reward_model_path` as its reward model."
@@ -291,7 +291,7 @@ def _check_model_rows(self: RLTrainer):
         raise ValueError(f"rows of data_source {', '.join(map(repr, srcs))} are scored by a reward model "
                          "(reward_model.style='model') but none was given: pass --reward_model_path")
 
-# %% ../nbs/02_ppo.ipynb #6e98e609
+# %% ../nbs/02_ppo.ipynb #49b1c1af
 def check_value_model(value_model, tokenizer, path="value model"):
     "Refuse a critic that cannot read `tokenizer`'s ids or gives more than one number per token."
     n, rows = getattr(value_model.config, "num_labels", 1), value_model.get_input_embeddings().num_embeddings
@@ -303,7 +303,7 @@ def check_value_model(value_model, tokenizer, path="value model"):
 
 def _same_vocab(a, b): return len(a) == len(b) and a.get_vocab() == b.get_vocab()
 
-# %% ../nbs/02_ppo.ipynb #f0a0ba95
+# %% ../nbs/02_ppo.ipynb #a44ab347
 @patch
 def _critic_model(self: RLTrainer, base):
     "The separate critic's starting model: value_model_path, else the reward model (same vocabulary), else `base`'s backbone."
