@@ -15,14 +15,15 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION', 'MATH_INSTRUCTION', 'MATH_SUBJECTS',
-           'HH_VARIANTS', 'HH_SUBSETS', 'ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS',
-           'PREPROCESSORS', 'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows',
+           'HH_VARIANTS', 'HH_SUBSETS', 'HELLASWAG_INSTRUCTION', 'ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES',
+           'ARITH_ITEMS', 'PREPROCESSORS', 'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows',
            'find_split_files', 'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed',
            'last_boxed_only_string', 'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue',
-           'split_preference', 'hh_row', 'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor',
-           'prep_rows', 'prep_once', 'write_splits', 'hold_out', 'prep', 'config_argv', 'prep_main', 'load_or_prep',
-           'DataArgs', 'check_dataset', 'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec',
-           'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
+           'split_preference', 'hh_row', 'prep_hh', 'hellaswag_row', 'prep_hellaswag', 'arith_split', 'make_arith',
+           'prep_arith', 'register_preprocessor', 'prep_rows', 'prep_once', 'write_splits', 'hold_out', 'prep',
+           'config_argv', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset', 'resolve_dataset', 'load_split',
+           'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft', 'to_trl_dpo',
+           'to_trl_grpo']
 
 # %% ../nbs/00_data.ipynb #11dec234
 ROW_KINDS = ("rl", "sft", "pref")
@@ -164,7 +165,7 @@ def find_split_files(folder):
     return {s: sorted(set(v)) for s, v in found.items()}
 
 # %% ../nbs/00_data.ipynb #d4b2cbbb
-def load_source(source=None, hub=None, hub_kwargs=None):
+def load_source(source=None, hub=None, hub_kwargs=None, hub_splits=SPLITS):
     "Raw records per split, `{split: [(label, records)]}`, from a local path or (source=None) the hub."
     if source is None:
         if not hub: raise ValueError("no source given and no hub dataset name to fall back on")
@@ -175,7 +176,7 @@ def load_source(source=None, hub=None, hub_kwargs=None):
             msg = str(e).splitlines()[0] if str(e) else ""
             raise DataError(f"could not load {hub!r} from the Hugging Face hub ({type(e).__name__}: {msg:.200}); "
                             "pass --source PATH to use local files") from None
-        return {s: [(f"hub:{hub}[{s}]", dd[s].to_list())] for s in SPLITS if s in dd}
+        return {s: [(f"hub:{hub}[{s}]", dd[s].to_list())] for s in hub_splits if s in dd}
     path = Path(source).expanduser()
     if not path.exists(): raise FileNotFoundError(f"{path}: no such file or directory")
     if path.is_dir(): return {s: [(str(p), read_records(p)) for p in ps] for s, ps in find_split_files(path).items()}
@@ -338,7 +339,7 @@ def split_preference(chosen, rejected):
     if cut < 0: raise DataError("chosen and rejected share no '\\n\\nAssistant:' turn")
     return parse_dialogue(chosen[:cut]), chosen[cut + len(tag):].strip(), rejected[cut + len(tag):].strip()
 
-# %% ../nbs/00_data.ipynb #2a0ef5b4
+# %% ../nbs/00_data.ipynb #e42228d5
 def _hh_parts(rec, i, label):
     "(prompt messages, chosen answer, rejected answer) of an HH record in Anthropic's or Dahoas' layout."
     c, rj = _text(rec, "chosen", i, label, allow_empty=True), _text(rec, "rejected", i, label, allow_empty=True)
@@ -394,6 +395,50 @@ def prep_hh(source=None, variant="rm", n_train=None, n_test=None, seed=0, hub="A
         empty = sum(not (r.get("chosen", "x") and r.get("rejected", "x") and r["reward_model"]["ground_truth"])
                     for rows in out.values() for r in rows)
         if empty: out.notes.append(f"hh-rlhf: {empty} rows have an empty chosen or rejected answer (kept: they are in the data)")
+    return _take(out, n_train, n_test, seed)
+
+# %% ../nbs/00_data.ipynb #6db3c2cb
+HELLASWAG_INSTRUCTION = "Which ending is the most likely continuation? Answer with its letter (A, B, C or D)."
+
+def _hs_clean(text):
+    "verl's HellaSwag text cleaning: `[title]` becomes a sentence break, other `[...]` tags are dropped."
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+def hellaswag_row(rec, i, split, label, instruction=HELLASWAG_INSTRUCTION):
+    "One HellaSwag record → an RL/SFT row with a lettered multiple-choice prompt; None when it has no label (the test split)."
+    act, a, b = _text(rec, "activity_label", i, label, True), _text(rec, "ctx_a", i, label, True), _text(rec, "ctx_b", i, label, True)
+    ends = rec.get("endings")
+    if not isinstance(ends, (list, tuple)) or len(ends) != 4 or not all(isinstance(e, str) for e in ends):
+        raise DataError(f"{label}: row {i}: column 'endings' must be a list of 4 strings, got {ends!r:.80}")
+    if rec.get("label") in (None, ""): return None
+    try: gold = int(rec["label"]); assert 0 <= gold < 4
+    except (ValueError, TypeError, AssertionError): raise DataError(f"{label}: row {i}: column 'label' must be 0-3, got {rec['label']!r}") from None
+    query = _hs_clean(f"{act}: {a} {b.capitalize()}")
+    choices = [_hs_clean(e) for e in ends]
+    text = f"{query}\n\n" + "\n".join(f"{L}. {c}" for L, c in zip("ABCD", choices)) + f"\n\n{instruction}"
+    return {"data_source": "Rowan/hellaswag", "prompt": [{"role": "user", "content": text}], "ability": "commonsense",
+            "reward_model": {"style": "rule", "ground_truth": "ABCD"[gold]}, "completion": f"{'ABCD'[gold]}. {choices[gold]}",
+            "extra_info": {"split": split, "index": i, "choices": choices, "answer": choices[gold],
+                           "source_id": str(rec.get("source_id", "")), "ind": rec.get("ind")}}
+
+# %% ../nbs/00_data.ipynb #65acf90e
+def prep_hellaswag(source=None, n_train=None, n_test=None, seed=0, hub="Rowan/hellaswag", instruction=HELLASWAG_INSTRUCTION):
+    "HellaSwag rows per split (train; val as test) from a local file/folder in the published schema or the hub."
+    folder = source is not None and Path(source).expanduser().is_dir()     # every data file: `val` is no split name of ours
+    raw = ({"train": [(str(p), read_records(p)) for p in sorted(Path(source).expanduser().rglob("*")) if p.is_file() and _suffix(p)]}
+           if folder else load_source(source, hub, hub_splits=("train", "validation", "test")))
+    out, unlabelled = Splits(), 0
+    for s, parts in raw.items():
+        for lab, recs in parts:
+            for i, rec in enumerate(recs):
+                split = {"train": "train", "val": "test", "validation": "test"}.get(str(rec.get("split", s)), s)
+                row = hellaswag_row(rec, i, split, lab, instruction)
+                if row is None: unlabelled += 1
+                else: out.setdefault(split, []).append(row)
+    for rows in out.values():
+        for j, r in enumerate(rows): r["extra_info"]["index"] = j
+    if unlabelled: out.notes.append(f"hellaswag: left out {unlabelled} records without a label (the published test split hides them)")
     return _take(out, n_train, n_test, seed)
 
 # %% ../nbs/00_data.ipynb #3a633fd8
@@ -504,7 +549,7 @@ def prep_rows(source=None, kind="rl", n_train=None, n_test=None, seed=0):
     out = Splits({s: [r for lab, recs in parts for r in validate_rows(recs, kind, source=lab)] for s, parts in raw.items()})
     return _take(out, n_train, n_test, seed)
 
-for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows}.items():
+for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
     register_preprocessor(_n, _f)
 
 # %% ../nbs/00_data.ipynb #9dc379e6
@@ -541,7 +586,7 @@ def write_splits(splits, out, manifest=None):
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return {s: out / f"{s}.parquet" for s in splits}
 
-# %% ../nbs/00_data.ipynb #9a444982
+# %% ../nbs/00_data.ipynb #8934b83d
 def hold_out(splits, n, seed=0):
     "A one-split `Splits` cut into `train` and `n` seeded-random `test` rows (original order kept); DataError otherwise."
     if len(splits) != 1: raise DataError(f"--holdout applies to a source with one split, this one has {', '.join(splits)}")
@@ -600,7 +645,7 @@ def _prep_parser():
                    help="math: keep rows whose \\boxed{} answer can't be parsed (empty ground_truth)")
     return p
 
-# %% ../nbs/00_data.ipynb #91f6297f
+# %% ../nbs/00_data.ipynb #88033e5b
 def config_argv(argv):
     "`argv` with `--config F.yaml` replaced by the file's options (`name` first, as the positional); later flags override."
     rest, i, path = [], 0, None

@@ -17,10 +17,10 @@ from .config import ConfigError
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
-           'TINY_DEFAULTS', 'char_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm',
-           'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'disable_dropout',
-           'wrap_lora', 'is_peft_model', 'param_bytes', 'load_tokenizer', 'load_causal_lm', 'load_value_model',
-           'check_model_path']
+           'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
+           'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
+           'disable_dropout', 'wrap_lora', 'is_peft_model', 'param_bytes', 'load_tokenizer', 'load_causal_lm',
+           'load_value_model', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -80,6 +80,23 @@ def char_tokenizer(chars=None, padding_side="left", model_max_length=512, byte_f
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=END_TOKEN, unk_token=UNK_TOKEN,
+                                   extra_special_tokens=SPECIAL_TOKENS[2:5], padding_side=padding_side,
+                                   model_max_length=model_max_length, chat_template=DEFAULT_CHAT_TEMPLATE)
+
+# %% ../nbs/00a_models.ipynb #32e33b64
+def train_tokenizer(texts, vocab_size=2000, padding_side="left", model_max_length=512) -> PreTrainedTokenizerFast:
+    "A byte-level BPE tokenizer learned on `texts` (an iterable of strings): special tokens first, chat template set."
+    from tokenizers import trainers
+    if vocab_size < len(SPECIAL_TOKENS) + 256: raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256} (special tokens + 256 bytes), got {vocab_size}")
+    tok = Tokenizer(tk_models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=END_TOKEN, unk_token=UNK_TOKEN,
                                    extra_special_tokens=SPECIAL_TOKENS[2:5], padding_side=padding_side,
                                    model_max_length=model_max_length, chat_template=DEFAULT_CHAT_TEMPLATE)

@@ -26,11 +26,12 @@ from .engine import fresh_output_dir, save_model_folder
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
            'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'UnknownRewardError',
            'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
-           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'ends_with_answer_reward',
-           'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
-           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'completion_text', 'trl_reward_func',
-           'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy', 'train_reward_model',
-           'RMArgs', 'run_reward_model', 'load_reward_model', 'ValidationScorer', 'reward_playground']
+           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
+           'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
+           'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
+           'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs',
+           'pairwise_accuracy', 'train_reward_model', 'RMArgs', 'run_reward_model', 'load_reward_model',
+           'ValidationScorer', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -310,6 +311,25 @@ def math_score(solution_str, ground_truth, timeout_seconds=5.0, isolation=None):
 def math_reward(solution_str, ground_truth, extra_info=None):
     "MATH: last boxed answer, math-verify equivalence."
     return math_score(solution_str, ground_truth)
+
+# %% ../nbs/01_rewards.ipynb #6e248325
+_CHOICE_RE = re.compile(r"^\W*(?:(?i:the\s+)?(?i:answer|ending|option)(?i:\s+is)?\s*[:\-]?\s*)?\(?([ABCD])\)?(?![A-Za-z])")
+
+def _norm_choice(s): return re.sub(r"\s+", " ", str(s).lower()).strip(" .,!?;:'\"")
+
+def hellaswag_score(solution_str, ground_truth, extra_info=None):
+    "1.0 if the answer's leading letter is `ground_truth`, or (no letter) it contains the right ending and no other; else 0.0."
+    text = (solution_str or "").strip()
+    m = _CHOICE_RE.match(text)
+    if m: return float(m.group(1) == str(ground_truth).strip().upper())
+    choices = list((extra_info or {}).get("choices") or [])
+    if len(choices) != 4 or not text: return 0.0
+    said = _norm_choice(text)
+    hits = [k for k, c in enumerate(choices) if _norm_choice(c) and _norm_choice(c) in said]
+    gold = "ABCD".index(str(ground_truth).strip().upper())
+    return float(gold in hits and all(_norm_choice(choices[k]) in _norm_choice(choices[gold]) for k in hits))
+
+register_reward("Rowan/hellaswag", "hellaswag")(hellaswag_score);
 
 # %% ../nbs/01_rewards.ipynb #eaebbd36
 _ENDS_WITH_ANSWER_RE = re.compile(r"####[ \t]*-?[ \t]*\$?[ \t]*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\.?\s*$")
