@@ -312,7 +312,7 @@ def math_reward(solution_str, ground_truth, extra_info=None):
     "MATH: last boxed answer, math-verify equivalence."
     return math_score(solution_str, ground_truth)
 
-# %% ../nbs/01_rewards.ipynb #6e248325
+# %% ../nbs/01_rewards.ipynb #808a50e1
 _CHOICE_RE = re.compile(r"^\W*(?:(?i:the\s+)?(?i:answer|ending|option)(?i:\s+is)?\s*[:\-]?\s*)?\(?([ABCD])\)?(?![A-Za-z])")
 
 def _norm_choice(s): return re.sub(r"\s+", " ", str(s).lower()).strip(" .,!?;:'\"")
@@ -796,8 +796,8 @@ class ValidationScorer:
 
     @classmethod
     def from_manager(cls, manager):
-        "The scorer that uses a `RewardManager`'s rule scorer and reward model."
-        return cls(manager.compute_score, manager.model_reward)
+        "The scorer that uses a `RewardManager`'s rule scorer and reward model (registry rules for any other manager)."
+        return cls(getattr(manager, "compute_score", compute_score), getattr(manager, "model_reward", None))
 
     def needs_reference(self, rows):
         "Whether `rows` has model rows this scorer can compare with the reference policy's answers."
