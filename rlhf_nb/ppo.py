@@ -238,6 +238,7 @@ def _load_data(self: RLTrainer):
         self.eval_dataset = self._rows(spec, "test", cfg.eval_size)[: cfg.eval_size] if spec else []
     elif isinstance(self.eval_dataset, (str, Path)): self.eval_dataset = self._rows(str(self.eval_dataset), "test", cfg.eval_size)
     elif hasattr(self.eval_dataset, "rows"): self.eval_dataset = self.eval_dataset.rows      # an RLHFDataset
+    if self.eval_dataset: self.eval_dataset = RLHFDataset(self.eval_dataset, tok, cfg.max_prompt_length).rows   # same length cut as training
     if len(self.train_dataset) < cfg.per_device_train_batch_size * self.world:
         raise ValueError(f"train dataset has {len(self.train_dataset)} prompts, fewer than one step needs "
                          f"({cfg.per_device_train_batch_size} x {self.world} processes)")
@@ -253,6 +254,8 @@ def _build_workers(self: RLTrainer):
     "One worker per role from `role_worker_mapping`: critic (before any LoRA wrap), actor/rollout, reference, reward."
     cfg, acc, make = self.config, self.accelerator, self.role_worker_mapping
     self.workers = {}
+    self.reward_manager = self.reward_manager or self._reward_manager_from_config()    # reward model checked first
+    self._check_model_rows()
     if self.critic_mode == "separate":
         if self.value_model is None:
             base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
@@ -264,8 +267,6 @@ def _build_workers(self: RLTrainer):
     self.workers[Role.ActorRollout] = actor
     self.reference = Reference(actor.policy, cfg.ref_strategy)           # from the unwrapped, broadcast policy
     if self.reference.active: self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
-    self.reward_manager = self.reward_manager or self._reward_manager_from_config()
-    self._check_model_rows()
     if getattr(self, "val_reward_fn", None) is None or isinstance(self.val_reward_fn, RewardManager):
         self.val_reward_fn = ValidationScorer.from_manager(getattr(self, "val_reward_fn", None) or self.reward_manager)
     self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
