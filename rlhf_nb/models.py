@@ -19,8 +19,8 @@ from .config import ConfigError
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
            'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
-           'disable_dropout', 'wrap_lora', 'is_peft_model', 'param_bytes', 'load_tokenizer', 'load_causal_lm',
-           'load_value_model', 'check_model_path']
+           'disable_dropout', 'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config',
+           'param_bytes', 'load_tokenizer', 'load_causal_lm', 'load_value_model', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -212,16 +212,42 @@ def disable_dropout(model):
         if cfg is not None and isinstance(getattr(cfg, k, None), float): setattr(cfg, k, 0.0)
     return model
 
-def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear"):
-    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy)."
+def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"):
+    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy); SEQ_CLS also trains the head."
     from peft import LoraConfig, get_peft_model
     if isinstance(target_modules, str) and target_modules != "all-linear": target_modules = target_modules.split(",")
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type)
     return get_peft_model(policy, cfg)
 
 def is_peft_model(model):
     "Whether `model` is a PEFT model (has `disable_adapter`)."
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+# %% ../nbs/00a_models.ipynb #f7596ce8
+def enable_gradient_checkpointing(model):
+    "Turn on (non-reentrant) gradient checkpointing in `model` or a PEFT model's base, with input grads under PEFT; returns `model`."
+    base = model.get_base_model() if is_peft_model(model) else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if is_peft_model(model): model.enable_input_require_grads()
+    return model
+
+# %% ../nbs/00a_models.ipynb #66852379
+def quantization_config(load_in_4bit=False, load_in_8bit=False, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="bfloat16",
+                        bnb_4bit_use_double_quant=True, use_peft=True, cuda=None):
+    "A `BitsAndBytesConfig` for the options (None when neither is set); ConfigError on a CPU, without bitsandbytes, or without PEFT."
+    if not (load_in_4bit or load_in_8bit): return None
+    if load_in_4bit and load_in_8bit: raise ConfigError("load_in_4bit and load_in_8bit: choose one")
+    what = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        raise ConfigError(f"{what} needs a CUDA GPU (bitsandbytes' kernels); this machine has none: drop {what} to train in full precision")
+    if not use_peft: raise ConfigError(f"{what}: quantized weights cannot be trained directly; add use_peft (QLoRA)")
+    try: import bitsandbytes  # noqa: F401
+    except ImportError: raise ConfigError(f"{what} needs bitsandbytes: pip install 'rlhf-nb[bitsandbytes]'") from None
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=load_in_4bit, load_in_8bit=load_in_8bit, bnb_4bit_quant_type=bnb_4bit_quant_type,
+                              bnb_4bit_compute_dtype=_dtype(bnb_4bit_compute_dtype), bnb_4bit_use_double_quant=bnb_4bit_use_double_quant)
 
 # %% ../nbs/00a_models.ipynb #b291af0f
 def param_bytes(*modules):

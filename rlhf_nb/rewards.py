@@ -849,7 +849,8 @@ def __call__(self: ValidationScorer, rows, responses, ref_responses=None):
             out[pre + "rm_score"] = mean([scores[i] for i in idx])
             if ref is not None:
                 out[pre + "ref_rm_score"] = mean([ref[i] for i in idx])
-                out[pre + "win_rate"] = mean([(scores[i] > ref[i]) + 0.5 * (scores[i] == ref[i]) for i in idx])
+                tie = [abs(scores[i] - ref[i]) <= 1e-4 for i in idx]      # the same text scored in another batch: float noise
+                out[pre + "win_rate"] = mean([0.5 if t else float(scores[i] > ref[i]) for i, t in zip(idx, tie)])
     return out
 
 # %% ../nbs/01_rewards.ipynb #2eca59e4
