@@ -13,14 +13,17 @@ from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
-from .config import ConfigError
+from dataclasses import dataclass
+from typing import Optional
+from .config import ConfigError, option
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
            'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
            'disable_dropout', 'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config',
-           'param_bytes', 'load_tokenizer', 'load_causal_lm', 'load_value_model', 'check_model_path']
+           'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'load_tokenizer', 'load_causal_lm',
+           'load_value_model', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -248,6 +251,37 @@ def quantization_config(load_in_4bit=False, load_in_8bit=False, bnb_4bit_quant_t
     from transformers import BitsAndBytesConfig
     return BitsAndBytesConfig(load_in_4bit=load_in_4bit, load_in_8bit=load_in_8bit, bnb_4bit_quant_type=bnb_4bit_quant_type,
                               bnb_4bit_compute_dtype=_dtype(bnb_4bit_compute_dtype), bnb_4bit_use_double_quant=bnb_4bit_use_double_quant)
+
+# %% ../nbs/00a_models.ipynb #814dd03d
+@dataclass
+class PeftArgs:
+    "LoRA, gradient checkpointing and 4/8-bit loading of the model a stage trains."
+    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights (the saved folder has it merged in).")
+    lora_r: int = option(16, "LoRA rank.")
+    lora_alpha: int = option(32, "LoRA alpha.")
+    lora_dropout: float = option(0.0, "LoRA dropout.")
+    lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute.")
+    load_in_4bit: bool = option(False, "Load the base in 4 bits with bitsandbytes (QLoRA; GPU only, needs use_peft).")
+    load_in_8bit: bool = option(False, "Load the base in 8 bits with bitsandbytes (GPU only, needs use_peft).")
+    bnb_4bit_quant_type: str = option("nf4", "4-bit data type: nf4 or fp4.", choices=["nf4", "fp4"])
+    bnb_4bit_compute_dtype: str = option("bfloat16", "Compute dtype of 4-bit layers.")
+    bnb_4bit_use_double_quant: bool = option(True, "Quantize the 4-bit quantization constants too.")
+
+def load_kwargs(a):
+    "`from_pretrained` keyword arguments for PeftArgs `a`: the quantization config, when one is asked for."
+    q = quantization_config(a.load_in_4bit, a.load_in_8bit, a.bnb_4bit_quant_type, a.bnb_4bit_compute_dtype,
+                            a.bnb_4bit_use_double_quant, a.use_peft)
+    return {"quantization_config": q} if q is not None else {}
+
+def prepare_for_training(model, a, task_type="CAUSAL_LM"):
+    "`model` with PeftArgs `a` applied: k-bit preparation (quantized), LoRA (use_peft), gradient checkpointing."
+    if a.load_in_4bit or a.load_in_8bit:
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.gradient_checkpointing)
+    if a.use_peft: model = wrap_lora(model, a.lora_r, a.lora_alpha, a.lora_dropout, a.lora_target_modules, task_type)
+    if a.gradient_checkpointing: enable_gradient_checkpointing(model)
+    return model
 
 # %% ../nbs/00a_models.ipynb #b291af0f
 def param_bytes(*modules):

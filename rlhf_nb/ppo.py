@@ -22,7 +22,7 @@ from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint,
                             NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics)
 from .data import RLHFDataset, load_split, held_out_spec, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
-                            wrap_lora, is_peft_model)
+                            wrap_lora, is_peft_model, enable_gradient_checkpointing)
 from .rewards import RewardManager, ValidationScorer, load_reward_model
 from .sft import greedy_accuracy, generate_greedy, sft_warm_start
 from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
@@ -82,6 +82,8 @@ class OptimArgs:
     lora_alpha: int = option(32, "LoRA alpha.")
     lora_dropout: float = option(0.0, "LoRA dropout.")
     lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass of the policy and critic: less memory, "
+                                          "more compute (turns share_prompt_prefix off: it needs the KV cache in training).")
 
 # %% ../nbs/02_ppo.ipynb #b011c962
 @dataclass
@@ -263,6 +265,10 @@ def _build_workers(self: RLTrainer):
         self.workers[Role.Critic] = make[Role.Critic](self.value_model, cfg, acc)
     if cfg.use_peft and not is_peft_model(self.policy):
         self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+    if cfg.gradient_checkpointing:
+        cfg.share_prompt_prefix = False
+        for m in (self.policy, self.value_model if self.critic_mode == "separate" else None):
+            if m is not None: enable_gradient_checkpointing(m)
     actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
     self.workers[Role.ActorRollout] = actor
     self.reference = Reference(actor.policy, cfg.ref_strategy)           # from the unwrapped, broadcast policy

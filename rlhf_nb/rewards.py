@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
 from .data import DataError, make_arith, load_split, last_boxed
-from .models import check_model_path, load_tokenizer, load_value_model
+from .models import check_model_path, load_tokenizer, load_value_model, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
 from .engine import fresh_output_dir, save_model_folder
@@ -728,7 +728,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
 
 # %% ../nbs/01_rewards.ipynb #0c7da1ca
 @dataclass
-class RMArgs:
+class RMArgs(PeftArgs):
     "Bradley-Terry reward-model training on preference pairs (rlhf_nb.rewards.train_reward_model)."
     model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
     dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
@@ -761,11 +761,12 @@ def run_reward_model(a):
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
     train, evals = _rm_pairs(a)
     tok = load_tokenizer(a.model_name_or_path)
-    model = load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok)
+    model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, **load_kwargs(a)), a, "SEQ_CLS")
     hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                               max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
                               center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed)
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
+    if is_peft_model(model): model = model.merge_and_unload()             # a plain folder that load_reward_model reads
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
                                               res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
     return res
