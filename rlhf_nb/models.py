@@ -232,7 +232,9 @@ def enable_gradient_checkpointing(model):
     base = model.get_base_model() if is_peft_model(model) else model
     if not getattr(base, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
-    base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(base, "activation_checkpointing_enable"):                   # transformers >= 5's name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else: base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if is_peft_model(model): model.enable_input_require_grads()
     return model
 

@@ -613,3 +613,12 @@ def test_reward_and_value_models_that_cannot_serve(run, rm_case, tmp_path, extra
     extra = [str(rm_case / a) if a in ("two", "small", "rm") else a for a in extra]
     one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--dataset", rm_case / "hh", *extra), *needles)
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+@pytest.mark.parametrize("stage,flags,needle", [
+    ("sft", ["--load_in_4bit", "true", "--use_peft", "true"], "load_in_4bit needs a CUDA GPU (bitsandbytes' kernels); this machine has none"),
+    ("rm", ["--load_in_8bit", "true", "--use_peft", "true"], "load_in_8bit needs a CUDA GPU"),
+])
+def test_quantized_loading_on_a_cpu_is_one_line(run, tmp_path, stage, flags, needle):
+    one_line(*run(stage, "--output_dir", tmp_path / "o", "--max_steps", 1, *flags), needle)
