@@ -579,7 +579,7 @@ def test_yaml_config_cannot_run_code(run, tmp_path):
     assert not marker.exists() and not (tmp_path / "o").exists()
 
 
-# === a learned reward model in the RL trainers ======================================================================
+# === a learned reward model in the RL trainers ===============================================================
 
 def _hh_rows(n):
     "HH dialogue rows (scored by a reward model), as `rlhf-nb prep hh-rlhf --variant rl` writes them."
@@ -622,3 +622,30 @@ def test_reward_and_value_models_that_cannot_serve(run, rm_case, tmp_path, extra
 ])
 def test_quantized_loading_on_a_cpu_is_one_line(run, tmp_path, stage, flags, needle):
     one_line(*run(stage, "--output_dir", tmp_path / "o", "--max_steps", 1, *flags), needle)
+
+# === placement (roles on resource pools) =============================================================================
+
+RAY = ["--placement", "ray"]
+PLACEMENT_CASES = [
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "Critc=a"], "unknown role 'Critc' in role_pools; roles: ActorRollout"),
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "ActorRolloutRef=b"], "role ActorRolloutRef is placed on unknown pool 'b'"),
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "ActorRolloutRef=a,RefPolicy=a"], "role RefPolicy is placed twice"),
+    ("ppo", RAY + ["--resource_pools", "a=0", "--role_pools", "ActorRollout=a"], "pool 'a' has 0 workers"),
+    ("ppo", RAY + ["--resource_pools", "a=2,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"], "pool too small for its roles"),
+    ("grpo", RAY + ["--num_generations", 2, "--resource_pools", "a=1,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"],
+     "places Critic on 'c' but this run has no Critic"),
+    ("ppo", ["--resource_pools", "a=1,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"], "needs placement: ray"),
+    ("ppo", RAY + ["--fsdp", "on"], "fsdp: on needs placement: accelerate"),
+    ("ppo", RAY + ["--resource_pools", "actor_pool"], "resource_pools: expected a mapping"),
+]
+@pytest.mark.parametrize("algo,args,needle", PLACEMENT_CASES)
+def test_bad_placement(run, tmp_path, algo, args, needle):
+    one_line(*run(algo, "--output_dir", tmp_path / "o", *TINY, *args), needle)
+    assert not (tmp_path / "o").exists()                                # refused before anything started
+
+
+def test_placement_ray_without_ray(run, tmp_path, monkeypatch):
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find(name, *a))
+    one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--placement", "ray"), "pip install 'rlhf-nb[ray]'")
