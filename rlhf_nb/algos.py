@@ -74,14 +74,17 @@ def run_rl(cfg, data_args=None, trainer_kwargs=None):
     acc = trainer.accelerator
     sums = gather_checksums(acc, trainer.actor, trainer.critic)
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
+    rm_evals = [(h["step"], h["eval/rm_score"], h.get("eval/win_rate")) for h in hist if "eval/rm_score" in h]
     last = next((h for h in reversed(hist) if "score/mean" in h), {})
     summary = {"algo": cfg.adv_estimator, "steps": trainer.global_step, "world_size": acc.num_processes,
                "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, "eval_accuracy": evals,
+               **({"eval_rm_score_win_rate": rm_evals} if rm_evals else {}),
                "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
                "seconds": round(time.time() - t0, 1), **peak_memory(), "output_dir": cfg.output_dir}
     if acc.is_main_process:
         write_json_atomic(Path(cfg.output_dir) / "summary.json", summary)
-        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "ranks_identical", "eval_accuracy", "seconds")}))
+        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "ranks_identical", "eval_accuracy",
+                                                      "eval_rm_score_win_rate", "seconds") if k in summary}))
     if not summary["ranks_identical"]:
         raise RuntimeError(f"parameters differ across ranks after training: {sums}")
     return summary

@@ -10,18 +10,20 @@ from dataclasses import dataclass, field
 from typing import Optional
 import torch
 import pyarrow as pa, pyarrow.parquet as pq
+import yaml
 from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION', 'MATH_INSTRUCTION', 'MATH_SUBJECTS',
-           'HH_VARIANTS', 'ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'PREPROCESSORS',
-           'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows', 'find_split_files',
-           'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed',
+           'HH_VARIANTS', 'HH_SUBSETS', 'HELLASWAG_INSTRUCTION', 'ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES',
+           'ARITH_ITEMS', 'PREPROCESSORS', 'DataError', 'validate_rows', 'write_parquet', 'read_records', 'read_rows',
+           'find_split_files', 'load_source', 'Splits', 'gsm8k_ground_truth', 'gsm8k_row', 'prep_gsm8k', 'last_boxed',
            'last_boxed_only_string', 'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue',
-           'split_preference', 'hh_row', 'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor',
-           'prep_rows', 'prep_once', 'write_splits', 'prep', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset',
-           'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec', 'parse_split', 'select_split',
-           'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
+           'split_preference', 'hh_row', 'prep_hh', 'hellaswag_row', 'prep_hellaswag', 'arith_split', 'make_arith',
+           'prep_arith', 'register_preprocessor', 'prep_rows', 'prep_once', 'write_splits', 'hold_out', 'prep',
+           'config_argv', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset', 'resolve_dataset', 'load_split',
+           'read_train_test', 'held_out_spec', 'parse_split', 'select_split', 'render_prompt', 'RLHFDataset',
+           'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
 
 # %% ../nbs/00_data.ipynb #11dec234
 ROW_KINDS = ("rl", "sft", "pref")
@@ -163,7 +165,7 @@ def find_split_files(folder):
     return {s: sorted(set(v)) for s, v in found.items()}
 
 # %% ../nbs/00_data.ipynb #d4b2cbbb
-def load_source(source=None, hub=None, hub_kwargs=None):
+def load_source(source=None, hub=None, hub_kwargs=None, hub_splits=SPLITS):
     "Raw records per split, `{split: [(label, records)]}`, from a local path or (source=None) the hub."
     if source is None:
         if not hub: raise ValueError("no source given and no hub dataset name to fall back on")
@@ -174,7 +176,7 @@ def load_source(source=None, hub=None, hub_kwargs=None):
             msg = str(e).splitlines()[0] if str(e) else ""
             raise DataError(f"could not load {hub!r} from the Hugging Face hub ({type(e).__name__}: {msg:.200}); "
                             "pass --source PATH to use local files") from None
-        return {s: [(f"hub:{hub}[{s}]", dd[s].to_list())] for s in SPLITS if s in dd}
+        return {s: [(f"hub:{hub}[{s}]", dd[s].to_list())] for s in hub_splits if s in dd}
     path = Path(source).expanduser()
     if not path.exists(): raise FileNotFoundError(f"{path}: no such file or directory")
     if path.is_dir(): return {s: [(str(p), read_records(p)) for p in ps] for s, ps in find_split_files(path).items()}
@@ -337,40 +339,106 @@ def split_preference(chosen, rejected):
     if cut < 0: raise DataError("chosen and rejected share no '\\n\\nAssistant:' turn")
     return parse_dialogue(chosen[:cut]), chosen[cut + len(tag):].strip(), rejected[cut + len(tag):].strip()
 
+# %% ../nbs/00_data.ipynb #e42228d5
+def _hh_parts(rec, i, label):
+    "(prompt messages, chosen answer, rejected answer) of an HH record in Anthropic's or Dahoas' layout."
+    c, rj = _text(rec, "chosen", i, label, allow_empty=True), _text(rec, "rejected", i, label, allow_empty=True)
+    if "prompt" not in rec:
+        try: return split_preference(c, rj)
+        except DataError as e: raise DataError(f"{label}: row {i}: {e}") from None
+    p = _text(rec, "prompt", i, label).rstrip()
+    if p.endswith("Assistant:"): p = p[: -len("Assistant:")]
+    return parse_dialogue(p), c.strip(), rj.strip()
+
 # %% ../nbs/00_data.ipynb #e4c7ba4b
-HH_VARIANTS = {"rm": "pref", "sft": "sft", "rl": "rl"}
+HH_VARIANTS = {"rm": "pref", "sft": "sft", "rl": "rl", "all": "pref"}
 
 def hh_row(rec, i, split, label, variant="rm"):
-    "One raw HH-RLHF record (`chosen`, `rejected` dialogues) → a row of the given variant."
-    c, rj = _text(rec, "chosen", i, label), _text(rec, "rejected", i, label)
-    try: prompt, chosen, rejected = split_preference(c, rj)
-    except DataError as e: raise DataError(f"{label}: row {i}: {e}") from None
+    "One raw HH-RLHF record (Anthropic dialogues, or Dahoas' prompt/chosen/rejected) → a row of the given variant."
+    prompt, chosen, rejected = _hh_parts(rec, i, label)
     if not any(m["content"] for m in prompt if m["role"] == "user"):
         raise DataError(f"{label}: row {i}: column 'chosen' has an empty prompt (no Human turn before the final answer)")
     row = {"data_source": "Anthropic/hh-rlhf", "prompt": prompt, "ability": "alignment",
            "reward_model": {"style": "model", "ground_truth": chosen}, "extra_info": {"split": split, "index": i}}
-    if variant == "rm": row.update(chosen=chosen, rejected=rejected)
-    elif variant == "sft": row["completion"] = chosen
+    if variant in ("rm", "all"): row.update(chosen=chosen, rejected=rejected)
+    if variant in ("sft", "all"): row["completion"] = chosen
     return row
 
 # %% ../nbs/00_data.ipynb #8fd7f9ce
-def prep_hh(source=None, variant="rm", n_train=None, n_test=None, seed=0, hub="Anthropic/hh-rlhf", data_dir="harmless-base"):
-    "HH-RLHF rows per split (variant 'rm': chosen/rejected, 'sft': completion, 'rl': prompt only)."
+HH_SUBSETS = ("harmless-base", "helpful-base", "helpful-online", "helpful-rejection-sampled")
+
+def _subset_files(raw, subset):
+    "Keep the local files of HH subset `subset` (file names start with it); DataError naming the files if none do."
+    kept = {s: [(lab, recs) for lab, recs in parts if Path(lab).name.startswith(subset)] for s, parts in raw.items()}
+    kept = {s: p for s, p in kept.items() if p}
+    if not kept: raise DataError(f"hh_subset {subset!r}: no file of that subset in the source "
+                                 f"(files: {', '.join(Path(l).name for ps in raw.values() for l, _ in ps)})")
+    return kept
+
+def prep_hh(source=None, variant="rm", n_train=None, n_test=None, seed=0, hub="Anthropic/hh-rlhf", data_dir="harmless-base", hh_subset=None):
+    "HH-RLHF rows per split (variant 'rm': chosen/rejected, 'sft': completion, 'rl': prompt only, 'all': every column)."
     if variant not in HH_VARIANTS: raise ValueError(f"variant must be one of {', '.join(HH_VARIANTS)}, not {variant!r}")
+    if hh_subset is not None and hh_subset not in HH_SUBSETS: raise DataError(f"hh_subset must be one of {', '.join(HH_SUBSETS)}, not {hh_subset!r}")
+    data_dir = hh_subset or data_dir
     raw = load_source(source, hub, {"data_dir": data_dir} if data_dir else {})
+    if source is not None and hh_subset: raw = _subset_files(raw, hh_subset)
     out = Splits()
     for s, parts in raw.items():
         out[s] = [hh_row(r, i, s, lab, variant) for lab, recs in parts for i, r in enumerate(recs)]
         for j, r in enumerate(out[s]): r["extra_info"]["index"] = j
-        if variant == "sft":
-            empty = sum(not r["completion"] for r in out[s])
+        if variant in ("sft", "all"):
+            empty = sum(not (r["completion"] and r.get("rejected", "x")) for r in out[s])
             if empty:
-                out[s] = [r for r in out[s] if r["completion"]]
-                out.notes.append(f"hh-rlhf {s}: left out {empty} rows whose chosen answer is empty (nothing to imitate)")
-    if variant != "sft":
+                out[s] = [r for r in out[s] if r["completion"] and r.get("rejected", "x")]
+                out.notes.append(f"hh-rlhf {s}: left out {empty} rows whose chosen{' or rejected' if variant == 'all' else ''} answer is empty")
+    if variant in ("rm", "rl"):
         empty = sum(not (r.get("chosen", "x") and r.get("rejected", "x") and r["reward_model"]["ground_truth"])
                     for rows in out.values() for r in rows)
         if empty: out.notes.append(f"hh-rlhf: {empty} rows have an empty chosen or rejected answer (kept: they are in the data)")
+    return _take(out, n_train, n_test, seed)
+
+# %% ../nbs/00_data.ipynb #6db3c2cb
+HELLASWAG_INSTRUCTION = "Which ending is the most likely continuation? Answer with its letter (A, B, C or D)."
+
+def _hs_clean(text):
+    "verl's HellaSwag text cleaning: `[title]` becomes a sentence break, other `[...]` tags are dropped."
+    text = text.strip().replace(" [title]", ". ")
+    return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+def hellaswag_row(rec, i, split, label, instruction=HELLASWAG_INSTRUCTION):
+    "One HellaSwag record → an RL/SFT row with a lettered multiple-choice prompt; None when it has no label (the test split)."
+    act, a, b = _text(rec, "activity_label", i, label, True), _text(rec, "ctx_a", i, label, True), _text(rec, "ctx_b", i, label, True)
+    ends = rec.get("endings")
+    if not isinstance(ends, (list, tuple)) or len(ends) != 4 or not all(isinstance(e, str) for e in ends):
+        raise DataError(f"{label}: row {i}: column 'endings' must be a list of 4 strings, got {ends!r:.80}")
+    if rec.get("label") in (None, ""): return None
+    try: gold = int(rec["label"]); assert 0 <= gold < 4
+    except (ValueError, TypeError, AssertionError): raise DataError(f"{label}: row {i}: column 'label' must be 0-3, got {rec['label']!r}") from None
+    query = _hs_clean(f"{act}: {a} {b.capitalize()}")
+    choices = [_hs_clean(e) for e in ends]
+    text = f"{query}\n\n" + "\n".join(f"{L}. {c}" for L, c in zip("ABCD", choices)) + f"\n\n{instruction}"
+    return {"data_source": "Rowan/hellaswag", "prompt": [{"role": "user", "content": text}], "ability": "commonsense",
+            "reward_model": {"style": "rule", "ground_truth": "ABCD"[gold]}, "completion": f"{'ABCD'[gold]}. {choices[gold]}",
+            "extra_info": {"split": split, "index": i, "choices": choices, "answer": choices[gold],
+                           "source_id": str(rec.get("source_id", "")), "ind": rec.get("ind")}}
+
+# %% ../nbs/00_data.ipynb #65acf90e
+def prep_hellaswag(source=None, n_train=None, n_test=None, seed=0, hub="Rowan/hellaswag", instruction=HELLASWAG_INSTRUCTION):
+    "HellaSwag rows per split (train; val as test) from a local file/folder in the published schema or the hub."
+    folder = source is not None and Path(source).expanduser().is_dir()     # every data file: `val` is no split name of ours
+    raw = ({"train": [(str(p), read_records(p)) for p in sorted(Path(source).expanduser().rglob("*")) if p.is_file() and _suffix(p)]}
+           if folder else load_source(source, hub, hub_splits=("train", "validation", "test")))
+    out, unlabelled = Splits(), 0
+    for s, parts in raw.items():
+        for lab, recs in parts:
+            for i, rec in enumerate(recs):
+                split = {"train": "train", "val": "test", "validation": "test"}.get(str(rec.get("split", s)), s)
+                row = hellaswag_row(rec, i, split, lab, instruction)
+                if row is None: unlabelled += 1
+                else: out.setdefault(split, []).append(row)
+    for rows in out.values():
+        for j, r in enumerate(rows): r["extra_info"]["index"] = j
+    if unlabelled: out.notes.append(f"hellaswag: left out {unlabelled} records without a label (the published test split hides them)")
     return _take(out, n_train, n_test, seed)
 
 # %% ../nbs/00_data.ipynb #3a633fd8
@@ -481,7 +549,7 @@ def prep_rows(source=None, kind="rl", n_train=None, n_test=None, seed=0):
     out = Splits({s: [r for lab, recs in parts for r in validate_rows(recs, kind, source=lab)] for s, parts in raw.items()})
     return _take(out, n_train, n_test, seed)
 
-for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows}.items():
+for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
     register_preprocessor(_n, _f)
 
 # %% ../nbs/00_data.ipynb #9dc379e6
@@ -518,9 +586,21 @@ def write_splits(splits, out, manifest=None):
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return {s: out / f"{s}.parquet" for s in splits}
 
+# %% ../nbs/00_data.ipynb #8934b83d
+def hold_out(splits, n, seed=0):
+    "A one-split `Splits` cut into `train` and `n` seeded-random `test` rows (original order kept); DataError otherwise."
+    if len(splits) != 1: raise DataError(f"--holdout applies to a source with one split, this one has {', '.join(splits)}")
+    (only, rows), = splits.items()
+    if not 0 < n < len(rows): raise DataError(f"--holdout {n}: must be between 1 and {len(rows) - 1} (the {only} split has {len(rows)} rows)")
+    test = set(random.Random(f"holdout|{seed}").sample(range(len(rows)), n))
+    out = Splits(train=[r for i, r in enumerate(rows) if i not in test], test=[r for i, r in enumerate(rows) if i in test],
+                 notes=getattr(splits, "notes", []) + [f"held out {n} of the {len(rows)} {only} rows as test; the rest are train"])
+    for s, rs in out.items(): out[s] = [{**r, "extra_info": {**r["extra_info"], "split": s}} for r in rs]
+    return out
+
 # %% ../nbs/00_data.ipynb #14fd8df0
-def prep(name, out=None, **options):
-    "Run preprocessor `name` with `options`; write the splits to `out` when given. Returns the `Splits`."
+def prep(name, out=None, holdout=None, **options):
+    "Run preprocessor `name` with `options` (and `holdout`); write the splits to `out` when given. Returns the `Splits`."
     if name not in PREPROCESSORS:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(PREPROCESSORS)}")
     fn = PREPROCESSORS[name]
@@ -530,6 +610,7 @@ def prep(name, out=None, **options):
         if k not in params and not takes_any: raise DataError(f"option --{k} does not apply to {name}")
     splits = fn(**options)
     if not splits: raise DataError(f"{name}: the source has no train or test split")
+    if holdout is not None: splits, options = hold_out(splits, holdout, options.get("seed", 0)), {**options, "holdout": holdout}
     for s, rows in splits.items(): validate_rows(rows, _row_kind(rows), source=f"{name}[{s}]")
     if out is not None:
         write_splits(splits, out, {"name": name, "options": options, "rows": {s: len(r) for s, r in splits.items()},
@@ -549,7 +630,9 @@ def _prep_parser():
     p.add_argument("--source", help="local dir (train/test files) or file: .jsonl, .jsonl.gz, .json, .parquet; "
                                     "default: load the dataset from the Hugging Face hub")
     p.add_argument("--hub", help="hub dataset name to load instead of the default one (when no --source)")
-    p.add_argument("--variant", choices=list(HH_VARIANTS), help="hh-rlhf: rm (chosen/rejected), sft or rl")
+    p.add_argument("--variant", choices=list(HH_VARIANTS), help="hh-rlhf: rm (chosen/rejected), sft, rl or all")
+    p.add_argument("--hh_subset", choices=list(HH_SUBSETS), help="hh-rlhf: which subset (hub data_dir, or local files named so)")
+    p.add_argument("--holdout", type=int, help="a source with one split: move this many seeded-random rows to test, the rest to train")
     p.add_argument("--kind", choices=list(ROW_KINDS), help="rows: the row kind to validate (rl, sft or pref)")
     p.add_argument("--n_train", "--n-train", type=int, help="rows to keep (arith: to generate) in train")
     p.add_argument("--n_test", "--n-test", type=int, help="rows to keep (arith: to generate) in test")
@@ -562,11 +645,32 @@ def _prep_parser():
                    help="math: keep rows whose \\boxed{} answer can't be parsed (empty ground_truth)")
     return p
 
+# %% ../nbs/00_data.ipynb #88033e5b
+def config_argv(argv):
+    "`argv` with `--config F.yaml` replaced by the file's options (`name` first, as the positional); later flags override."
+    rest, i, path = [], 0, None
+    while i < len(argv):
+        if argv[i] == "--config" and i + 1 < len(argv): path, i = argv[i + 1], i + 2; continue
+        if argv[i].startswith("--config="): path = argv[i].split("=", 1)[1]
+        else: rest.append(argv[i])
+        i += 1
+    if path is None: return list(argv)
+    try: d = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e: raise DataError(f"--config {path}: {str(e).splitlines()[0]}") from None
+    if not isinstance(d, dict): raise DataError(f"--config {path}: expected a mapping of options")
+    given = {a[2:].split("=")[0] for a in rest if a.startswith("--")}
+    out = [str(d.pop("name"))] if "name" in d and not any(not a.startswith("-") for a in rest[:1]) else []
+    for k, v in d.items():
+        if k in given: continue
+        out += [f"--{k}"] if v is True else [] if v in (False, None) else [f"--{k}", str(v)]
+    return out + rest
+
 # %% ../nbs/00_data.ipynb #0ab06c50
 def prep_main(argv=None):
     "`rlhf-nb prep NAME --out DIR [--source PATH] [options]`: returns 0, or 1 with one error line on stderr."
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        argv = config_argv(argv)
         if any(a in ("-h", "--help") for a in argv): _prep_parser().print_help(); return 0
         a = vars(_prep_parser().parse_args(argv))
         name, out = a.pop("name"), a.pop("out")

@@ -19,7 +19,7 @@ from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .engine import RunGuard, Interrupted, accelerate_cpu, process_state, gather_checksums, peak_memory
-from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_tokenizer, wrap_lora
+from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_tokenizer, wrap_lora, enable_gradient_checkpointing
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 
@@ -145,6 +145,7 @@ class _DPOLoss:
     lora_alpha: int = option(32, "LoRA scaling alpha.")
     lora_dropout: float = option(0.0, "LoRA dropout.")
     lora_target_modules: list[str] | None = option(None, "Modules that get LoRA (None = PEFT's default for the architecture).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute.")
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
@@ -255,6 +256,7 @@ class DPOTrainer:
         self.rank, self.world = acc.process_index, acc.num_processes
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
+        if config.gradient_checkpointing: enable_gradient_checkpointing(model)
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped)

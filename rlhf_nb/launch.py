@@ -29,10 +29,11 @@ from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
 from .trl_pipelines import trl_main
 
 # %% auto #0
-__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'accelerate_config_text',
-           'write_accelerate_configs', 'check_accelerate_config', 'launch_command', 'launch_env', 'register_subcommand',
-           'main', 'LaunchArgs', 'register_algorithm', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch',
-           'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'health_main']
+__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'STAGE_INPUTS',
+           'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
+           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm', 'stage_hint',
+           'check_stage_inputs', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch', 'sft_main',
+           'rm_main', 'eval_main', 'plot_main', 'demo_main', 'health_main']
 
 # %% ../nbs/04_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -260,6 +261,26 @@ def _arg_types(algo):
                                                        for f in dataclasses.fields(DataArgs) if f.name not in names])
     return cfg_cls, data_cls, LaunchArgs
 
+# %% ../nbs/04_launch.ipynb #5b7d8ce1
+STAGE_INPUTS = ("model_name_or_path", "reward_model_path", "value_model_path", "value_model_name_or_path", "dataset", "eval_dataset")
+
+def stage_hint(path, config_dir="configs"):
+    "`rlhf-nb SUB --config F` for the `config_dir/SUB_TASK.yaml` whose `output_dir` (or `out`) is `path`; None if none."
+    for f in sorted(Path(config_dir).glob("*_*.yaml")):
+        try: d = yaml.safe_load(f.read_text())
+        except (yaml.YAMLError, OSError): continue
+        out = d.get("output_dir") or d.get("out") if isinstance(d, dict) else None
+        if out and Path(str(out)) == Path(str(path)): return f"rlhf-nb {f.stem.split('_')[0]} --config {f}"
+    return None
+
+def check_stage_inputs(args, fields=STAGE_INPUTS, config_dir="configs"):
+    "Refuse an input folder that does not exist yet but that a config in `config_dir` writes: one line naming that command."
+    for k in fields:
+        v = getattr(args, k, None)
+        if isinstance(v, str) and v and not Path(v).expanduser().exists() and (cmd := stage_hint(v, config_dir)):
+            raise ConfigError(f"--{k} {v} does not exist yet: run `{cmd}` first")
+    return args
+
 # %% ../nbs/04_launch.ipynb #5fa1ca79
 def check_output_dir(path):
     "Refuse, before any work, an output folder that cannot be one: the path or one of its parents is a file."
@@ -274,7 +295,10 @@ def parse_train_args(algo, argv):
     cfg_cls, data_cls, launch_cls = _arg_types(algo)
     doc = (cfg_cls.__doc__ or "").split("\n")[0]
     cfg, data_args, largs = parse_config((cfg_cls, data_cls, launch_cls), argv, prog=f"rlhf-nb {algo}", description=doc)
+    check_stage_inputs(cfg)
     check_model_path(getattr(cfg, "model_name_or_path", "tiny"))
+    for k in ("reward_model_path", "value_model_path"):
+        if getattr(cfg, k, None): check_model_path(getattr(cfg, k), k)
     check_output_dir(getattr(cfg, "output_dir", None))
     if algo in ("ppo", "grpo"):
         for spec in (cfg.dataset, cfg.eval_dataset): check_dataset(spec)
@@ -317,7 +341,8 @@ def _single_process(name):
 
 def _parse_stage(name, args_cls, argv):
     "The options of `rlhf-nb NAME` (a `--config` YAML file, then flags) as an `args_cls` instance."
-    return parse_config((args_cls,), sys.argv[1:] if argv is None else argv, prog=f"rlhf-nb {name}", description=args_cls.__doc__)[0]
+    a = parse_config((args_cls,), sys.argv[1:] if argv is None else argv, prog=f"rlhf-nb {name}", description=args_cls.__doc__)[0]
+    return check_stage_inputs(a)
 
 def sft_main(argv=None):
     "`rlhf-nb sft [--config F.yaml] [--key value ...]`: fine-tune (rlhf_nb.sft.run_sft), print the result as JSON."

@@ -13,14 +13,17 @@ from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
-from .config import ConfigError
+from dataclasses import dataclass
+from typing import Optional
+from .config import ConfigError, option
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
-           'TINY_DEFAULTS', 'char_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm',
-           'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'disable_dropout',
-           'wrap_lora', 'is_peft_model', 'param_bytes', 'load_tokenizer', 'load_causal_lm', 'load_value_model',
-           'check_model_path']
+           'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
+           'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
+           'disable_dropout', 'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config',
+           'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'load_tokenizer', 'load_causal_lm',
+           'load_value_model', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -80,6 +83,23 @@ def char_tokenizer(chars=None, padding_side="left", model_max_length=512, byte_f
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=END_TOKEN, unk_token=UNK_TOKEN,
+                                   extra_special_tokens=SPECIAL_TOKENS[2:5], padding_side=padding_side,
+                                   model_max_length=model_max_length, chat_template=DEFAULT_CHAT_TEMPLATE)
+
+# %% ../nbs/00a_models.ipynb #32e33b64
+def train_tokenizer(texts, vocab_size=2000, padding_side="left", model_max_length=512) -> PreTrainedTokenizerFast:
+    "A byte-level BPE tokenizer learned on `texts` (an iterable of strings): special tokens first, chat template set."
+    from tokenizers import trainers
+    if vocab_size < len(SPECIAL_TOKENS) + 256: raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256} (special tokens + 256 bytes), got {vocab_size}")
+    tok = Tokenizer(tk_models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(texts, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD_TOKEN, eos_token=END_TOKEN, unk_token=UNK_TOKEN,
                                    extra_special_tokens=SPECIAL_TOKENS[2:5], padding_side=padding_side,
                                    model_max_length=model_max_length, chat_template=DEFAULT_CHAT_TEMPLATE)
@@ -195,16 +215,75 @@ def disable_dropout(model):
         if cfg is not None and isinstance(getattr(cfg, k, None), float): setattr(cfg, k, 0.0)
     return model
 
-def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear"):
-    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy)."
+def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"):
+    "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy); SEQ_CLS also trains the head."
     from peft import LoraConfig, get_peft_model
     if isinstance(target_modules, str) and target_modules != "all-linear": target_modules = target_modules.split(",")
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type)
     return get_peft_model(policy, cfg)
 
 def is_peft_model(model):
     "Whether `model` is a PEFT model (has `disable_adapter`)."
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+# %% ../nbs/00a_models.ipynb #f7596ce8
+def enable_gradient_checkpointing(model):
+    "Turn on (non-reentrant) gradient checkpointing in `model` or a PEFT model's base, with input grads under PEFT; returns `model`."
+    base = model.get_base_model() if is_peft_model(model) else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(base).__name__} does not support gradient checkpointing")
+    if hasattr(base, "activation_checkpointing_enable"):                   # transformers >= 5's name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else: base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if is_peft_model(model): model.enable_input_require_grads()
+    return model
+
+# %% ../nbs/00a_models.ipynb #66852379
+def quantization_config(load_in_4bit=False, load_in_8bit=False, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype="bfloat16",
+                        bnb_4bit_use_double_quant=True, use_peft=True, cuda=None):
+    "A `BitsAndBytesConfig` for the options (None when neither is set); ConfigError on a CPU, without bitsandbytes, or without PEFT."
+    if not (load_in_4bit or load_in_8bit): return None
+    if load_in_4bit and load_in_8bit: raise ConfigError("load_in_4bit and load_in_8bit: choose one")
+    what = "load_in_4bit" if load_in_4bit else "load_in_8bit"
+    if not (torch.cuda.is_available() if cuda is None else cuda):
+        raise ConfigError(f"{what} needs a CUDA GPU (bitsandbytes' kernels); this machine has none: drop {what} to train in full precision")
+    if not use_peft: raise ConfigError(f"{what}: quantized weights cannot be trained directly; add use_peft (QLoRA)")
+    try: import bitsandbytes  # noqa: F401
+    except ImportError: raise ConfigError(f"{what} needs bitsandbytes: pip install 'rlhf-nb[bitsandbytes]'") from None
+    from transformers import BitsAndBytesConfig
+    return BitsAndBytesConfig(load_in_4bit=load_in_4bit, load_in_8bit=load_in_8bit, bnb_4bit_quant_type=bnb_4bit_quant_type,
+                              bnb_4bit_compute_dtype=_dtype(bnb_4bit_compute_dtype), bnb_4bit_use_double_quant=bnb_4bit_use_double_quant)
+
+# %% ../nbs/00a_models.ipynb #814dd03d
+@dataclass
+class PeftArgs:
+    "LoRA, gradient checkpointing and 4/8-bit loading of the model a stage trains."
+    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights (the saved folder has it merged in).")
+    lora_r: int = option(16, "LoRA rank.")
+    lora_alpha: int = option(32, "LoRA alpha.")
+    lora_dropout: float = option(0.0, "LoRA dropout.")
+    lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute.")
+    load_in_4bit: bool = option(False, "Load the base in 4 bits with bitsandbytes (QLoRA; GPU only, needs use_peft).")
+    load_in_8bit: bool = option(False, "Load the base in 8 bits with bitsandbytes (GPU only, needs use_peft).")
+    bnb_4bit_quant_type: str = option("nf4", "4-bit data type: nf4 or fp4.", choices=["nf4", "fp4"])
+    bnb_4bit_compute_dtype: str = option("bfloat16", "Compute dtype of 4-bit layers.")
+    bnb_4bit_use_double_quant: bool = option(True, "Quantize the 4-bit quantization constants too.")
+
+def load_kwargs(a):
+    "`from_pretrained` keyword arguments for PeftArgs `a`: the quantization config, when one is asked for."
+    q = quantization_config(a.load_in_4bit, a.load_in_8bit, a.bnb_4bit_quant_type, a.bnb_4bit_compute_dtype,
+                            a.bnb_4bit_use_double_quant, a.use_peft)
+    return {"quantization_config": q} if q is not None else {}
+
+def prepare_for_training(model, a, task_type="CAUSAL_LM"):
+    "`model` with PeftArgs `a` applied: k-bit preparation (quantized), LoRA (use_peft), gradient checkpointing."
+    if a.load_in_4bit or a.load_in_8bit:
+        from peft import prepare_model_for_kbit_training
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=a.gradient_checkpointing)
+    if a.use_peft: model = wrap_lora(model, a.lora_r, a.lora_alpha, a.lora_dropout, a.lora_target_modules, task_type)
+    if a.gradient_checkpointing: enable_gradient_checkpointing(model)
+    return model
 
 # %% ../nbs/00a_models.ipynb #b291af0f
 def param_bytes(*modules):

@@ -14,23 +14,24 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 from accelerate import Accelerator
 from accelerate.utils import gather_object
-from transformers import set_seed
+from transformers import AutoConfig, set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
                             NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
-from .data import RLHFDataset, load_split, held_out_spec
+from .data import RLHFDataset, load_split, held_out_spec, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
-                            wrap_lora, is_peft_model)
-from .rewards import RewardManager
-from .sft import greedy_accuracy, sft_warm_start
+                            wrap_lora, is_peft_model, enable_gradient_checkpointing)
+from .rewards import RewardManager, ValidationScorer, load_reward_model
+from .sft import greedy_accuracy, generate_greedy, sft_warm_start
 from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import PlacementArgs, check_placement, make_placement
 
 # %% auto #0
 __all__ = ['DEFAULT_ROLE_WORKERS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig',
-           'RLTrainer', 'resolve_critic', 'select_rows', 'rollout_table', 'agg_units', 'loss_weights', 'ppo_main']
+           'RLTrainer', 'resolve_critic', 'check_value_model', 'select_rows', 'rollout_table', 'agg_units',
+           'loss_weights', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #8ebcb122
 @dataclass
@@ -39,6 +40,8 @@ class ModelDataArgs:
     model_name_or_path: str = option("tiny", "Policy to train: a local path / hub name, or 'tiny' for the built-in ~1M-parameter model.")
     warm_start_dir: Optional[str] = option(None, "With model 'tiny': supervised warm start on the arithmetic task first, saved here and reused on later runs.")
     value_model_name_or_path: Optional[str] = option(None, "Critic initialisation: a reward-model/value checkpoint; default = the policy's backbone with a fresh scalar head.")
+    reward_model_path: Optional[str] = option(None, "Reward model (a folder saved by `rlhf-nb rm`, or a hub name) that scores rows whose reward_model.style is 'model'; its own tokenizer is used when it differs from the policy's.")
+    value_model_path: Optional[str] = option(None, "TRL's name for value_model_name_or_path; default for PPO's critic: the reward model (when it reads the policy's tokens).")
     critic: str = option("auto", "Critic: 'separate' model, 'shared' (value head on the policy trunk), 'none', or 'auto' (separate iff the estimator needs values).",
                          choices=["auto", "separate", "shared", "none"])
     dataset: str = option("arith", "Training prompts: 'arith' (built-in task) or a parquet file/folder of verl rows (folder: train*.parquet, test*.parquet).")
@@ -80,6 +83,8 @@ class OptimArgs:
     lora_alpha: int = option(32, "LoRA alpha.")
     lora_dropout: float = option(0.0, "LoRA dropout.")
     lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass of the policy and critic: less memory, "
+                                          "more compute (turns share_prompt_prefix off: it needs the KV cache in training).")
 
 # %% ../nbs/02_ppo.ipynb #b011c962
 @dataclass
@@ -239,6 +244,7 @@ def _load_data(self: RLTrainer):
         self.eval_dataset = self._rows(spec, "test", cfg.eval_size)[: cfg.eval_size] if spec else []
     elif isinstance(self.eval_dataset, (str, Path)): self.eval_dataset = self._rows(str(self.eval_dataset), "test", cfg.eval_size)
     elif hasattr(self.eval_dataset, "rows"): self.eval_dataset = self.eval_dataset.rows      # an RLHFDataset
+    if self.eval_dataset: self.eval_dataset = RLHFDataset(self.eval_dataset, tok, cfg.max_prompt_length).rows   # same length cut as training
     if len(self.train_dataset) < cfg.per_device_train_batch_size * self.world:
         raise ValueError(f"train dataset has {len(self.train_dataset)} prompts, fewer than one step needs "
                          f"({cfg.per_device_train_batch_size} x {self.world} processes)")
@@ -256,23 +262,79 @@ def _build_workers(self: RLTrainer):
     hosted = getattr(self, "hosted_roles", None)                         # a Ray worker builds only the roles of its pool
     want = lambda role: hosted is None or role in hosted
     self.workers = {}
+    self.reward_manager = self.reward_manager or self._reward_manager_from_config()    # reward model checked first
+    self._check_model_rows()
     if self.critic_mode == "separate" and want(Role.Critic):
         if self.value_model is None:
             base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
-            self.value_model = (load_value_model(cfg.value_model_name_or_path) if cfg.value_model_name_or_path
-                                else value_model_from_policy(base))
+            self.value_model = self._critic_model(base)
         self.workers[Role.Critic] = make[Role.Critic](self.value_model, cfg, acc)
     if want(Role.ActorRollout):
         if cfg.use_peft and not is_peft_model(self.policy):
             self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        if cfg.gradient_checkpointing:                                   # the shared-prefix forward needs the KV cache in training
+            cfg.share_prompt_prefix = False
+            for m in (self.policy, self.value_model if self.critic_mode == "separate" else None):
+                if m is not None: enable_gradient_checkpointing(m)
         actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
         self.workers[Role.ActorRollout] = actor
         self.reference = actor.make_reference(cfg.ref_strategy)          # from the unwrapped, broadcast policy
         if self.reference.active and want(Role.RefPolicy): self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
-    self.reward_manager = self.reward_manager or RewardManager(self.tokenizer)
     self.reward_fn = self.reward_fn or self.reward_manager               # verl's names: training reward, validation reward
-    self.val_reward_fn = self.val_reward_fn or self.reward_fn
+    val = self.val_reward_fn or self.reward_fn                          # validation scores each held-out row by its source
+    self.val_reward_fn = val if isinstance(val, ValidationScorer) else ValidationScorer.from_manager(val)
     if want(Role.RewardModel): self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
+
+# %% ../nbs/02_ppo.ipynb #a18cdaa2
+@patch
+def _reward_manager_from_config(self: RLTrainer):
+    "A `RewardManager` for the policy's tokenizer, with the config's `reward_model_path` as its reward model."
+    path = self.config.reward_model_path
+    return RewardManager(self.tokenizer, reward_model=load_reward_model(path) if path else None)
+
+def _model_sources(rows):
+    "data_source names of the rows whose reward is a model's (reward_model.style == 'model')."
+    fields = lambda r: json.loads(r) if isinstance(r, str) else (r or {})
+    return sorted({r["data_source"] for r in rows if fields(r.get("reward_model")).get("style") == "model"})
+
+@patch
+def _check_model_rows(self: RLTrainer):
+    "Refuse model-scored rows (train or held-out) when the reward manager has no reward model."
+    rows = list(getattr(self.train_dataset, "rows", [])) + list(self.eval_dataset or [])
+    srcs = _model_sources(rows)
+    if srcs and isinstance(self.reward_manager, RewardManager) and self.reward_manager.model_reward is None:
+        raise ValueError(f"rows of data_source {', '.join(map(repr, srcs))} are scored by a reward model "
+                         "(reward_model.style='model') but none was given: pass --reward_model_path")
+
+# %% ../nbs/02_ppo.ipynb #49b1c1af
+def check_value_model(value_model, tokenizer, path="value model"):
+    "Refuse a critic that cannot read `tokenizer`'s ids or gives more than one number per token."
+    n, rows = getattr(value_model.config, "num_labels", 1), value_model.get_input_embeddings().num_embeddings
+    if n != 1: raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
+    if rows < len(tokenizer):
+        raise ValueError(f"value model {path} has an embedding of {rows} rows but the policy's tokenizer has {len(tokenizer)} "
+                         "tokens: the critic reads the policy's token ids (start it from a model with the policy's vocabulary)")
+    return value_model
+
+def _same_vocab(a, b): return len(a) == len(b) and a.get_vocab() == b.get_vocab()
+
+# %% ../nbs/02_ppo.ipynb #a44ab347
+@patch
+def _critic_model(self: RLTrainer, base):
+    "The separate critic's starting model: value_model_path, else the reward model (same vocabulary), else `base`'s backbone."
+    cfg, tok = self.config, self.tokenizer
+    path = cfg.value_model_path or cfg.value_model_name_or_path
+    if path:
+        c = AutoConfig.from_pretrained(path)                          # a classifier's head of another width would not even load
+        if (n := getattr(c, "num_labels", 1)) != 1 and any("SequenceClassification" in a for a in c.architectures or []):
+            raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
+        return check_value_model(load_value_model(path, tokenizer=tok), tok, path)
+    if cfg.reward_model_path:
+        if _same_vocab(load_tokenizer(cfg.reward_model_path, verbose=False), tok):
+            return check_value_model(load_value_model(cfg.reward_model_path, tokenizer=tok), tok, cfg.reward_model_path)
+        warnings.warn(f"reward model {cfg.reward_model_path} uses another tokenizer than the policy: the critic starts from "
+                      "the policy's backbone (pass --value_model_path to choose)")
+    return value_model_from_policy(base)
 
 # %% ../nbs/02_ppo.ipynb #d9542120
 @patch(as_prop=True)
@@ -485,17 +547,32 @@ def update(self: RLTrainer, data):
 
 # %% ../nbs/02_ppo.ipynb #70d495c6
 @patch
+def _reference_answers(self: RLTrainer, rows, prompts):
+    "The reference policy's greedy answers to the model-scored `rows` (None elsewhere), generated once and kept."
+    if getattr(self, "_ref_answers", None) is None:
+        if not self.reference.active or not self.val_reward_fn.needs_reference(rows): return None
+        model_rows = [i for i, s in enumerate(_model_sources([r]) for r in rows) if s]
+        gen = lambda m: generate_greedy(m, self.tokenizer, [prompts[i] for i in model_rows], self.config.max_completion_length,
+                                        self.config.eval_batch_size)
+        if self.reference.strategy == "copy": ans = gen(self.reference.model)
+        else:
+            with self.unwrapped_policy.disable_adapter(): ans = gen(self.unwrapped_policy)
+        self._ref_answers = [None] * len(rows)
+        for i, a in zip(model_rows, ans): self._ref_answers[i] = a
+    return self._ref_answers
+
+@patch
 def evaluate(self: RLTrainer):
-    "Held-out greedy accuracy on the main process: {'eval/accuracy', 'eval/n'} (empty dict on other ranks)."
+    "Held-out greedy answers scored by `val_reward_fn` on the main process: {'eval/n', 'eval/accuracy' | 'eval/rm_score', ...}."
     out = {}
     if self.accelerator.is_main_process and self.eval_dataset:
-        pol = self.unwrapped_policy
+        pol, rows = self.unwrapped_policy, self.eval_dataset
         was = pol.training
-        res = greedy_accuracy(pol, self.tokenizer, self.eval_dataset, batch_size=self.config.eval_batch_size,
-                              max_new_tokens=self.config.max_completion_length)
+        prompts = [render_prompt(self.tokenizer, r["prompt"]) for r in rows]
+        answers = generate_greedy(pol, self.tokenizer, prompts, self.config.max_completion_length, self.config.eval_batch_size)
         pol.train(was)
-        out = {"eval/accuracy": res["accuracy"], "eval/n": res["n"]}
-        self.last_eval_samples = res.get("samples", [])
+        out = self.val_reward_fn(rows, answers, self._reference_answers(rows, prompts))
+        self.last_eval_samples = list(zip(prompts, answers))[:4]
     return out
 
 # %% ../nbs/02_ppo.ipynb #d3b1cada
@@ -618,7 +695,7 @@ def _fit(self: RLTrainer):
             m.update(self.evaluate())
         m.update({"step": self.global_step, "time/elapsed": budget.elapsed})
         guard.update(not (m.get("actor/nan_skipped", 0) or m.get("critic/nan_skipped", 0)), self.global_step)
-        if guard.exhausted or self.global_step % cfg.logging_steps == 0 or "eval/accuracy" in m: self.run_log.log(m)
+        if guard.exhausted or self.global_step % cfg.logging_steps == 0 or "eval/n" in m: self.run_log.log(m)
         if guard.exhausted: bar.close(); guard.check(self.global_step)
         bar.update(1)
         bar.set_postfix({s: round(m[k], 3) for k, s in (("score/mean", "score"), ("kl/mean", "kl"), ("eval/accuracy", "acc")) if k in m})

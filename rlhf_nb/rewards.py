@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
 from .data import DataError, make_arith, load_split, last_boxed
-from .models import check_model_path, load_tokenizer, load_value_model
+from .models import check_model_path, load_tokenizer, load_value_model, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
 from .engine import fresh_output_dir, save_model_folder
@@ -26,11 +26,12 @@ from .engine import fresh_output_dir, save_model_folder
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
            'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'UnknownRewardError',
            'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
-           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'ends_with_answer_reward',
-           'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
-           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'call_with_timeout', 'completion_text',
-           'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy',
-           'train_reward_model', 'RMArgs', 'run_reward_model', 'reward_playground']
+           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
+           'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
+           'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
+           'call_with_timeout', 'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss',
+           'make_arith_pairs', 'pairwise_accuracy', 'train_reward_model', 'RMArgs', 'run_reward_model',
+           'load_reward_model', 'ValidationScorer', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -310,6 +311,25 @@ def math_score(solution_str, ground_truth, timeout_seconds=5.0, isolation=None):
 def math_reward(solution_str, ground_truth, extra_info=None):
     "MATH: last boxed answer, math-verify equivalence."
     return math_score(solution_str, ground_truth)
+
+# %% ../nbs/01_rewards.ipynb #808a50e1
+_CHOICE_RE = re.compile(r"^\W*(?:(?i:the\s+)?(?i:answer|ending|option)(?i:\s+is)?\s*[:\-]?\s*)?\(?([ABCD])\)?(?![A-Za-z])")
+
+def _norm_choice(s): return re.sub(r"\s+", " ", str(s).lower()).strip(" .,!?;:'\"")
+
+def hellaswag_score(solution_str, ground_truth, extra_info=None):
+    "1.0 if the answer's leading letter is `ground_truth`, or (no letter) it contains the right ending and no other; else 0.0."
+    text = (solution_str or "").strip()
+    m = _CHOICE_RE.match(text)
+    if m: return float(m.group(1) == str(ground_truth).strip().upper())
+    choices = list((extra_info or {}).get("choices") or [])
+    if len(choices) != 4 or not text: return 0.0
+    said = _norm_choice(text)
+    hits = [k for k, c in enumerate(choices) if _norm_choice(c) and _norm_choice(c) in said]
+    gold = "ABCD".index(str(ground_truth).strip().upper())
+    return float(gold in hits and all(_norm_choice(choices[k]) in _norm_choice(choices[gold]) for k in hits))
+
+register_reward("Rowan/hellaswag", "hellaswag")(hellaswag_score);
 
 # %% ../nbs/01_rewards.ipynb #eaebbd36
 _ENDS_WITH_ANSWER_RE = re.compile(r"####[ \t]*-?[ \t]*\$?[ \t]*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\.?\s*$")
@@ -731,7 +751,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
 
 # %% ../nbs/01_rewards.ipynb #0c7da1ca
 @dataclass
-class RMArgs:
+class RMArgs(PeftArgs):
     "Bradley-Terry reward-model training on preference pairs (rlhf_nb.rewards.train_reward_model)."
     model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
     dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
@@ -764,14 +784,98 @@ def run_reward_model(a):
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
     train, evals = _rm_pairs(a)
     tok = load_tokenizer(a.model_name_or_path)
-    model = load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok)
+    model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, **load_kwargs(a)), a, "SEQ_CLS")
     hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                               max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
                               center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed)
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
+    if is_peft_model(model): model = model.merge_and_unload()             # a plain folder that load_reward_model reads
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
                                               res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
     return res
+
+# %% ../nbs/01_rewards.ipynb #253a35ea
+def load_reward_model(name_or_path, max_length=1024, batch_size=32, normalize=None, dtype=None, trust_remote_code=False):
+    "A `ModelReward` from a saved `num_labels=1` model and its own tokenizer; one-line `ValueError` if it cannot be a reward model."
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+    src = check_model_path(name_or_path, "reward_model_path")
+    n = getattr(AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code), "num_labels", None)
+    if n != 1: raise ValueError(f"reward model {src} has num_labels={n}: a reward model gives one score per sequence "
+                                "(num_labels=1; train one with `rlhf-nb rm`)")
+    tok = load_tokenizer(src, padding_side="right", trust_remote_code=trust_remote_code, verbose=False)
+    model, info = AutoModelForSequenceClassification.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code,
+                                                                     output_loading_info=True)
+    head = [k for k in info["missing_keys"] if k.split(".")[0] in ("score", "classifier")]
+    if head: raise ValueError(f"reward model {src} has no trained score head ({head[0]} is missing from the checkpoint)")
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tok) > rows: raise ValueError(f"reward model {src}: its tokenizer has {len(tok)} tokens but its embedding has only "
+                                         f"{rows} rows (resize_token_embeddings after adding tokens)")
+    return ModelReward(model.eval().requires_grad_(False), tok, max_length, batch_size, normalize)
+
+# %% ../nbs/01_rewards.ipynb #f381b5b2
+class ValidationScorer:
+    "`val_reward_fn`: held-out rows scored by source -- rule accuracy for rule rows; mean RM score and win rate for model rows."
+    def __init__(self, compute_score=compute_score, model_reward=None):
+        self.compute_score, self.model_reward = compute_score, model_reward
+
+    @classmethod
+    def from_manager(cls, manager):
+        "The scorer that uses a `RewardManager`'s rule scorer and reward model (registry rules for any other manager)."
+        return cls(getattr(manager, "compute_score", compute_score), getattr(manager, "model_reward", None))
+
+    def needs_reference(self, rows):
+        "Whether `rows` has model rows this scorer can compare with the reference policy's answers."
+        return self.model_reward is not None and any(_as_reward_fields(r["reward_model"]).get("style") == "model" for r in rows)
+
+# %% ../nbs/01_rewards.ipynb #b3827279
+@patch
+def score_rows(self: ValidationScorer, rows, responses, ref_responses=None):
+    "Per-row scores: (scores, ref_scores or None, failures); rule rows by `compute_score`, model rows by the reward model."
+    scores, ref, fails = [0.0] * len(rows), None, 0
+    model_rows = [i for i, r in enumerate(rows) if _as_reward_fields(r["reward_model"]).get("style") == "model"]
+    if self.compute_score is compute_score:              # a misspelt source is a config error, as in RewardManager
+        unknown = sorted({r["data_source"] for i, r in enumerate(rows) if i not in model_rows} - set(REWARD_REGISTRY))
+        if unknown: raise UnknownRewardError(f"validation: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
+    for i, r in enumerate(rows):
+        if i in model_rows: continue
+        try: s = self.compute_score(r["data_source"], responses[i], _as_reward_fields(r["reward_model"]).get("ground_truth"), r.get("extra_info"))
+        except Exception as e:
+            fails += 1; logger.warning(f"validation: row {i} (data_source={r['data_source']!r}) failed: {type(e).__name__}: {e}"); s = 0.0
+        scores[i] = float(s.get("score", 0.0) if isinstance(s, dict) else s)
+    if model_rows:
+        if self.model_reward is None:
+            raise ValueError(f"{len(model_rows)} held-out rows have reward_model.style='model' (data_source "
+                             f"{rows[model_rows[0]]['data_source']!r}) but there is no reward model: pass --reward_model_path")
+        with_ref = ref_responses is not None
+        ps = [rows[i]["prompt"] for i in model_rows]
+        rs = [responses[i] for i in model_rows] + ([ref_responses[i] for i in model_rows] if with_ref else [])
+        s = self.model_reward(ps + (ps if with_ref else []), rs)[0].tolist()
+        for j, i in enumerate(model_rows): scores[i] = s[j]
+        if with_ref: ref = {i: s[len(model_rows) + j] for j, i in enumerate(model_rows)}
+    return scores, ref, fails
+
+# %% ../nbs/01_rewards.ipynb #ccae07e0
+@patch
+def __call__(self: ValidationScorer, rows, responses, ref_responses=None):
+    "Validation metrics of greedy `responses` to held-out `rows` (optionally the reference's answers, for win rates)."
+    scores, ref, fails = self.score_rows(rows, responses, ref_responses)
+    groups = defaultdict(list)
+    for i, r in enumerate(rows):
+        kind = "model" if _as_reward_fields(r["reward_model"]).get("style") == "model" else "rule"
+        groups[(kind, None)].append(i); groups[(kind, r["data_source"])].append(i)
+    mean = lambda xs: sum(xs) / len(xs)
+    out = {"eval/n": len(rows), "eval/failures": fails}
+    for (kind, ds), idx in groups.items():
+        pre = "eval/" if ds is None else f"eval/{ds}/"
+        if kind == "rule":
+            out[pre + "accuracy"], out[pre + "mean_score"] = mean([scores[i] >= 1.0 for i in idx]), mean([scores[i] for i in idx])
+        else:
+            out[pre + "rm_score"] = mean([scores[i] for i in idx])
+            if ref is not None:
+                out[pre + "ref_rm_score"] = mean([ref[i] for i in idx])
+                tie = [abs(scores[i] - ref[i]) <= 1e-4 for i in idx]      # the same text scored in another batch: float noise
+                out[pre + "win_rate"] = mean([0.5 if t else float(scores[i] > ref[i]) for i, t in zip(idx, tie)])
+    return out
 
 # %% ../nbs/01_rewards.ipynb #2eca59e4
 def _explain_html(e):

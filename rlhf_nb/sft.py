@@ -15,7 +15,7 @@ from transformers import GenerationConfig
 from .config import ConfigError, option
 from .data import DataError, make_arith, load_split, render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
-from .models import check_model_path, load_causal_lm, load_tokenizer
+from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 from .engine import write_json_atomic
 from .rewards import compute_score
 from .engine import fresh_output_dir, save_model_folder
@@ -240,7 +240,7 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
 
 # %% ../nbs/00b_sft.ipynb #b2073116
 @dataclass
-class SFTArgs:
+class SFTArgs(PeftArgs):
     "Supervised fine-tuning with a completion-only loss (rlhf_nb.sft.sft_train)."
     model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
     dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
@@ -257,9 +257,28 @@ class SFTArgs:
     warmup_steps: int = option(50, "Linear warm-up steps.")
     lr_scheduler_type: str = option("constant", "constant or cosine (after warm-up).")
     max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.")
+    tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
+                                                  "(dialogue data); default: the character tokenizer.")
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
     dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
     data_dir: str = option("runs/data", "Where named datasets are prepared.")
+
+# %% ../nbs/00b_sft.ipynb #d50dec75
+def _sft_model(a, rows):
+    "(tokenizer, model) for SFTArgs `a`: a BPE tokenizer trained on `rows` for 'tiny' with tokenizer_vocab_size, else loaded."
+    if a.model_name_or_path == "tiny" and a.tokenizer_vocab_size:
+        texts = [m["content"] for r in rows for m in r["prompt"]] + [r["completion"] for r in rows]
+        tok = train_tokenizer(texts, a.tokenizer_vocab_size)
+        return tok, tiny_causal_lm(tok, seed=a.seed)
+    return load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed, **load_kwargs(a))
+
+def _fitting_rows(tok, rows, max_length):
+    "The rows whose rendered prompt leaves room for at least one completion token within `max_length`."
+    if max_length is None: return rows
+    keep = [r for r in rows if len(tok(render_prompt(tok, r["prompt"]), add_special_tokens=False)["input_ids"]) < max_length]
+    if not keep: raise DataError(f"every prompt is at least max_length={max_length} tokens: raise max_length")
+    if len(keep) < len(rows): warnings.warn(f"sft: left out {len(rows) - len(keep)} of {len(rows)} rows whose prompt fills max_length={max_length}")
+    return keep
 
 # %% ../nbs/00b_sft.ipynb #75f3e300
 def run_sft(a):
@@ -267,13 +286,16 @@ def run_sft(a):
     check_model_path(a.model_name_or_path)
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
     train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
-    evals = load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
-    tok, model = load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed)
-    hist = sft_train(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
+    evals = [r for r in load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
+             if r["reward_model"]["style"] == "rule"]                   # greedy accuracy needs a rule; model rows are the RM's
+    tok, model = _sft_model(a, train)
+    train, model = _fitting_rows(tok, train, a.max_length), prepare_for_training(model, a)
+    hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                      max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
                      max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
                      warmup_steps=a.warmup_steps, max_length=a.max_length)
-    res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"]}
+    res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"] if evals else None}
+    if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
                                               "eval_size": len(evals), "args": dataclasses.asdict(a)})
     return res

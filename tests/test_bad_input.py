@@ -590,6 +590,50 @@ def test_yaml_config_cannot_run_code(run, tmp_path):
     assert not marker.exists() and not (tmp_path / "o").exists()
 
 
+# === a learned reward model in the RL trainers ===============================================================
+
+def _hh_rows(n):
+    "HH dialogue rows (scored by a reward model), as `rlhf-nb prep hh-rlhf --variant rl` writes them."
+    return [data.hh_row({"chosen": f"\n\nHuman: Tell me about {i}.\n\nAssistant: {i} is a number.",
+                         "rejected": f"\n\nHuman: Tell me about {i}.\n\nAssistant: No."}, i, "train", "hand", variant="rl")
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def rm_case(tmp_path_factory):
+    "A dataset folder of HH rows and four model folders: a good reward model and three that cannot be one."
+    from transformers import Qwen2ForSequenceClassification
+    from rlhf_nb.models import tiny_config
+    d, tok = tmp_path_factory.mktemp("rm_case"), char_tokenizer()
+    (d / "hh").mkdir(); write_parquet(_hh_rows(8), d / "hh" / "train.parquet"); write_parquet(_hh_rows(4), d / "hh" / "test.parquet")
+    for name, model in {"rm": tiny_value_model(tok, head_std=0.1), "two": Qwen2ForSequenceClassification(tiny_config(tok, num_labels=2)),
+                        "small": tiny_value_model(char_tokenizer(chars="0123456789"))}.items():
+        model.save_pretrained(d / name); tok.save_pretrained(d / name)
+    return d
+
+
+@pytest.mark.parametrize("extra,needles", [
+    ([], ["data_source 'Anthropic/hh-rlhf' are scored by a reward model", "pass --reward_model_path"]),
+    (["--reward_model_path", "two"], ["reward model", "has num_labels=2: a reward model gives one score per sequence"]),
+    (["--reward_model_path", "small"], ["its tokenizer has 102 tokens but its embedding has only 16 rows"]),
+    (["--reward_model_path", "rm", "--value_model_path", "small"], ["value model", "has an embedding of 16 rows but the policy's tokenizer has 102"]),
+    (["--reward_model_path", "rm", "--value_model_path", "two"], ["value model", "has num_labels=2: the critic gives one value per token"]),
+])
+def test_reward_and_value_models_that_cannot_serve(run, rm_case, tmp_path, extra, needles):
+    "Each refused in one line before any step trains (no metrics written)."
+    extra = [str(rm_case / a) if a in ("two", "small", "rm") else a for a in extra]
+    one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--dataset", rm_case / "hh", *extra), *needles)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU refusal")
+@pytest.mark.parametrize("stage,flags,needle", [
+    ("sft", ["--load_in_4bit", "true", "--use_peft", "true"], "load_in_4bit needs a CUDA GPU (bitsandbytes' kernels); this machine has none"),
+    ("rm", ["--load_in_8bit", "true", "--use_peft", "true"], "load_in_8bit needs a CUDA GPU"),
+])
+def test_quantized_loading_on_a_cpu_is_one_line(run, tmp_path, stage, flags, needle):
+    one_line(*run(stage, "--output_dir", tmp_path / "o", "--max_steps", 1, *flags), needle)
+
 # === placement (roles on resource pools) =============================================================================
 
 RAY = ["--placement", "ray"]
