@@ -16,6 +16,9 @@ py_versions = '3.10 3.11 3.12 3.13'.split()
 
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
+# optional extras, one per integration: pip install 'rlhf-nb[ray]', 'rlhf-nb[wandb]' (settings.ini: NAME_requirements = ...)
+extras = {k[:-len('_requirements')]: shlex.split(v) for k, v in cfg.items()
+          if k.endswith('_requirements') and k not in ('requirements', 'dev_requirements')}
 lic = licenses[cfg['license'].lower()]
 min_python = cfg['min_python']
 lib_path = cfg['lib_path']
@@ -33,7 +36,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=[lib_path, lib_path + '.*']),
     include_package_data=True,
     install_requires=requirements,
-    extras_require={'dev': dev_requirements},
+    extras_require={'dev': dev_requirements, **extras},
     dependency_links=cfg.get('dep_links', '').split(),
     python_requires='>=' + min_python,
     long_description=open('README.md', encoding='utf-8').read(),

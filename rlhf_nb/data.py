@@ -20,8 +20,8 @@ __all__ = ['ROW_KINDS', 'ROLES', 'SPLITS', 'DATA_SUFFIXES', 'GSM8K_INSTRUCTION',
            'last_boxed_only_string', 'remove_boxed', 'math_ground_truth', 'math_row', 'prep_math', 'parse_dialogue',
            'split_preference', 'hh_row', 'prep_hh', 'arith_split', 'make_arith', 'prep_arith', 'register_preprocessor',
            'prep_rows', 'prep_once', 'write_splits', 'prep', 'prep_main', 'load_or_prep', 'DataArgs', 'check_dataset',
-           'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec', 'render_prompt', 'RLHFDataset',
-           'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
+           'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec', 'parse_split', 'select_split',
+           'render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
 
 # %% ../nbs/00_data.ipynb #11dec234
 ROW_KINDS = ("rl", "sft", "pref")
@@ -665,6 +665,27 @@ def held_out_spec(dataset):
     if dataset == "arith" or Path(dataset).is_dir(): return dataset
     tests = sorted(Path(dataset).parent.glob("test*.parquet"))
     return str(tests[0]) if tests else None
+
+# %% ../nbs/00_data.ipynb #0a4a8c3f
+_SPLIT_RE = re.compile(r"^\s*([\w.-]+)\s*(?:\[\s*(-?\d+%?)?\s*:\s*(-?\d+%?)?\s*\])?\s*$")
+
+def parse_split(spec):
+    "'train[:500]', 'test[10%:]' or 'train' -> (name, start, stop); a bound is None, an int string, or 'N%'."
+    m = _SPLIT_RE.match(str(spec))
+    if not m: raise ValueError(f"split {spec!r}: expected NAME or NAME[start:stop], e.g. train, train[:500], test[10%:]")
+    return m.group(1), m.group(2), m.group(3)
+
+def _bound(b, n):
+    "Row index of bound `b` ('12', '-5', '10%') in a split of `n` rows."
+    if b is None: return None
+    return round(n * int(b[:-1]) / 100) if b.endswith("%") else int(b)
+
+def select_split(splits, spec):
+    "The rows `spec` names in `{split: rows}`: a whole split, or a slice of it written as in datasets (`train[:500]`)."
+    name, lo, hi = parse_split(spec)
+    if name not in splits: raise ValueError(f"split {name!r} not found; available: {', '.join(splits) or 'none'}")
+    rows = splits[name]
+    return rows[_bound(lo, len(rows)):_bound(hi, len(rows))]
 
 # %% ../nbs/00_data.ipynb #3b6a1d7f
 def render_prompt(tokenizer, messages):

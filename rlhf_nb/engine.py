@@ -4,22 +4,24 @@
 
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
-import contextlib, errno, hashlib, json, math, os, random, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
+import atexit, contextlib, errno, hashlib, importlib, json, math, os, random, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import broadcast
 from fastcore.basics import patch
+from .config import ConfigError
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes',
-           'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'save_atomic', 'fresh_output_dir',
-           'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'metric_sinks', 'RunLog',
-           'plot_metrics', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
-           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
-           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
-           'Interrupted', 'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
+__all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
+           'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
+           'save_atomic', 'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics',
+           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'metric_sinks', 'RunLog', 'plot_metrics',
+           'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint',
+           'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget',
+           'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum',
+           'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted',
+           'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -168,22 +170,58 @@ def open_metrics(output_dir, step=0, write=True):
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
     return keep
 
+# %% ../nbs/01b_engine.ipynb #3f344c01
+TRL_METRIC_NAMES = {"score/mean": "objective/scores", "kl/mean": "objective/kl", "reward/mean": "objective/rlhf_reward",
+                    "actor/entropy": "policy/entropy_avg", "actor/pg_loss": "loss/policy_avg", "critic/vf_loss": "loss/value_avg",
+                    "actor/pg_clipfrac": "policy/clipfrac_avg", "actor/ppo_kl": "policy/approxkl_avg",
+                    "critic/vf_clipfrac": "val/clipfrac_avg", "actor/lr": "lr"}
+
+def trl_names(row):
+    "The numbers of a metrics row, renamed to TRL's names where a native key means the same (`kl/mean` -> `objective/kl`)."
+    return {TRL_METRIC_NAMES.get(k, k): v for k, v in row.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "step"}
+
+class MissingExtra(ConfigError):
+    "An optional package that a chosen option needs is not installed; the message names the pip extra."
+
+def require_extra(module, extra, what):
+    "`import module`, or one `MissingExtra` line: what needs it and the `pip install 'rlhf-nb[extra]'` that provides it."
+    try: return importlib.import_module(module)
+    except ImportError: raise MissingExtra(f"{what} needs the {module.split('.')[0]} package: pip install 'rlhf-nb[{extra}]'") from None
+
+# %% ../nbs/01b_engine.ipynb #d74f09c0
+def _tensorboard_sink(output_dir, config=None):
+    tb = require_extra("torch.utils.tensorboard", "tensorboard", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
+    atexit.register(tb.close)
+    def log(m):
+        for k, v in trl_names(m).items(): tb.add_scalar(k, v, m["step"])
+        tb.flush()
+    return log
+
+def _wandb_sink(output_dir, config=None):
+    wandb = require_extra("wandb", "wandb", "report_to=wandb")
+    run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
+                     dir=str(output_dir), reinit="create_new")
+    atexit.register(run.finish)
+    return lambda m: run.log(trl_names(m), step=int(m["step"]))
+
+def _trackio_sink(output_dir, config=None):
+    os.environ.setdefault("TRACKIO_DIR", str(Path(output_dir) / "trackio"))         # read when trackio is first imported
+    trackio = require_extra("trackio", "trackio", "report_to=trackio")
+    run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
+                       embed=False, auto_log_cpu=False, auto_log_gpu=False)
+    atexit.register(run.finish)
+    return lambda m: run.log(trl_names(m), step=int(m["step"]))
+
+METRIC_SINKS = {"tensorboard": _tensorboard_sink, "wandb": _wandb_sink, "trackio": _trackio_sink}
+
 # %% ../nbs/01b_engine.ipynb #0ea65f84
 def metric_sinks(report_to, output_dir, config=None):
-    "Callables taking a metrics row, one per sink named in `report_to` ('none', 'tensorboard', 'wandb', comma separated)."
+    "Callables taking a metrics row, one per sink named in `report_to` ('none', 'tensorboard', 'wandb', 'trackio', comma separated)."
     names = [s.strip() for s in (report_to or "none").split(",") if s.strip() and s.strip() != "none"]
-    sinks = []
-    for s in names:
-        if s == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-            tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
-            sinks.append(lambda m, tb=tb: [tb.add_scalar(k, v, m["step"]) for k, v in m.items() if isinstance(v, (int, float))])
-        elif s == "wandb":
-            import wandb
-            run = wandb.init(config=config, dir=str(output_dir))
-            sinks.append(lambda m, run=run: run.log(m, step=m["step"]))
-        else: raise ValueError(f"report_to: unknown sink {s!r} (none, tensorboard, wandb)")
-    return sinks
+    bad = [s for s in names if s not in METRIC_SINKS]
+    if bad: raise ValueError(f"report_to: unknown sink {bad[0]!r} (none, {', '.join(METRIC_SINKS)})")
+    return [METRIC_SINKS[s](output_dir, config) for s in names]
 
 # %% ../nbs/01b_engine.ipynb #2fe37e90
 class RunLog:
@@ -215,13 +253,14 @@ def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
     panels = [(k, t) for k, t in panels if any(k in r for rows in data.values() for r in rows)]
     nrows = max(1, math.ceil(len(panels) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=figsize or (4 * ncols, 2.6 * nrows), squeeze=False)
+    colours = {label: f"C{j}" for j, label in enumerate(data)}              # one colour per run, the same in every panel
     for ax, (key, title) in zip(axes.flat, panels):
         for label, rows in data.items():
             pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
-            if pts: ax.plot(*zip(*pts), marker="o" if key.startswith("eval") else None, ms=3, label=label)
+            if pts: ax.plot(*zip(*pts), marker="o" if key.startswith("eval") else None, ms=3, label=label, color=colours[label])
         ax.set_title(title, fontsize=10); ax.set_xlabel("step")
     for ax in list(axes.flat)[len(panels):]: ax.axis("off")
-    if len(data) > 1: axes.flat[0].legend(fontsize=8)
+    if len(data) > 1: fig.legend(*axes.flat[0].get_legend_handles_labels(), fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
 

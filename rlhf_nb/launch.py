@@ -21,16 +21,18 @@ from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
+from .placement import WorkerLost
 from .ppo import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
 from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
+from .trl_pipelines import trl_main
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'accelerate_config_text',
            'write_accelerate_configs', 'check_accelerate_config', 'launch_command', 'launch_env', 'register_subcommand',
            'main', 'LaunchArgs', 'register_algorithm', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch',
-           'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main']
+           'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'health_main']
 
 # %% ../nbs/04_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -188,7 +190,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError, DiskFull)
+                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull)
 
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -343,6 +345,25 @@ register_subcommand("rm", rm_main, "train a Bradley-Terry reward model on prefer
 register_subcommand("eval", eval_main, "greedy held-out accuracy of a saved policy")
 register_subcommand("plot", plot_main, "plot metrics.jsonl of one or more runs to a PNG")
 register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
+
+# %% ../nbs/04_launch.ipynb #17cbe022
+register_subcommand("trl", trl_main, "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
+
+# %% ../nbs/04_launch.ipynb #644e46cb
+from .health import save_health, format_warnings
+
+def health_main(argv=None):
+    "`rlhf-nb health RUN_DIR [--output_dir DIR]`: dashboard PNG + JSON of a run (rlhf_nb.health), warnings printed."
+    import argparse
+    ap = argparse.ArgumentParser(prog="rlhf-nb health", description="Health dashboard of an RL run folder: health.png, health.json, warnings.")
+    ap.add_argument("run_dir", help="a run folder holding metrics.jsonl (and samples.jsonl)")
+    ap.add_argument("--output_dir", default=None, help="where to write health.png/health.json (default: the run folder)")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    rep = save_health(a.run_dir, a.output_dir)
+    for line in format_warnings(rep): print(line)
+    print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
+
+register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
 
 # %% ../nbs/04_launch.ipynb #65488dc8
 _MOVED_TO_BENCH = ("rl_throughput", "ParityReward", "QWEN25_05B_SHAPE", "DRY_SHAPE", "PEAK_BF16_TFLOPS")

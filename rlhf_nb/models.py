@@ -240,11 +240,11 @@ def _dtype(dtype):
     return dtype
 
 # %% ../nbs/00a_models.ipynb #7ff8f724
-def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, verbose=True):
-    "A chat-ready tokenizer from `'tiny'`, a local folder or a hub name, with `padding_side` set."
+def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, verbose=True, **kwargs):
+    "A chat-ready tokenizer from `'tiny'`, a local folder or a hub name, with `padding_side` set (`kwargs`: e.g. revision)."
     src = _resolve(name_or_path, "load_tokenizer")
     if src == "tiny": return char_tokenizer(padding_side=padding_side)
-    tok = AutoTokenizer.from_pretrained(src, padding_side=padding_side, trust_remote_code=trust_remote_code)
+    tok = AutoTokenizer.from_pretrained(src, padding_side=padding_side, trust_remote_code=trust_remote_code, **kwargs)
     tok.padding_side = padding_side  # some tokenizer classes ignore the keyword
     return ensure_chat_ready(tok, verbose=verbose)
 

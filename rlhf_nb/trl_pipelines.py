@@ -4,20 +4,25 @@
 
 # %% ../nbs/03a_trl_pipelines.ipynb #4abc44bf
 from __future__ import annotations
-import dataclasses, functools, importlib, math
+import dataclasses, functools, importlib, inspect, json, math, os, sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 import torch
 from . import data
-from .data import read_train_test, to_trl_dpo, to_trl_grpo, to_trl_sft
+from .config import ConfigError, option, parse_config
+from .data import DataArgs, parse_split, read_train_test, select_split, to_trl_dpo, to_trl_grpo, to_trl_sft
+from .ppo import PPOConfig
+from .algos import run_rl
 from .dpo import arith_preference_rows
-from .models import ensure_chat_ready, load_causal_lm, load_tokenizer
-from .rewards import trl_reward_func
+from .models import ensure_chat_ready, load_causal_lm, load_tokenizer, load_value_model
+from .rewards import RewardManager, trl_reward_func
 
 # %% auto #0
 __all__ = ['TRL_PIPELINES', 'TRL_PLOT_PANELS', 'pipeline_arguments', 'TRLPipeline', 'register_trl_pipeline', 'get_trl_pipeline',
            'parse_trl_args', 'load_model_and_tokenizer', 'pipeline_rows', 'pipeline_datasets', 'default_reward_funcs',
-           'trl_pipeline', 'log_history_series', 'plot_trl_dynamics']
+           'trl_pipeline', 'TRLPPOArgs', 'map_trl_ppo', 'trl_ppo_config', 'trl_ppo', 'pipeline_summary', 'trl_main',
+           'log_history_series', 'plot_trl_dynamics']
 
 # %% ../nbs/03a_trl_pipelines.ipynb #38f9e040
 def _trl():
@@ -35,6 +40,7 @@ def pipeline_arguments():
         dataset_source: str | None = field(default=None, metadata={"help": "Local file or folder the preprocessor reads (None = the hub)."})
         num_train_rows: int | None = field(default=None, metadata={"help": "Keep this many training rows (arith: generate this many)."})
         num_eval_rows: int | None = field(default=None, metadata={"help": "Keep this many eval rows (arith: generate this many)."})
+        torch_dtype: str | None = field(default=None, metadata={"help": "Older name of ModelConfig's dtype (bfloat16, float16, float32, auto); overrides dtype when set."})
     PipelineArguments.__module__ = __name__
     return PipelineArguments
 
@@ -52,12 +58,13 @@ class TRLPipeline:
     to_dataset: callable
     row_kind: str                       # rows it needs: 'sft', 'pref' or 'rl'
     needs_rewards: bool = False
+    model_kind: str = "causal"          # 'causal' (a policy) or 'value' (a scalar-head reward model)
 
 TRL_PIPELINES = {}
 
-def register_trl_pipeline(name, config_class, trainer_class, to_dataset, row_kind, needs_rewards=False):
+def register_trl_pipeline(name, config_class, trainer_class, to_dataset, row_kind, needs_rewards=False, model_kind="causal"):
     "Register (or overwrite) the TRL trainer `name` (e.g. 'SFT') for `trl_pipeline`."
-    TRL_PIPELINES[name.upper()] = TRLPipeline(config_class, trainer_class, to_dataset, row_kind, needs_rewards)
+    TRL_PIPELINES[name.upper()] = TRLPipeline(config_class, trainer_class, to_dataset, row_kind, needs_rewards, model_kind)
 
 def _resolve(obj):
     "A class, or the class named by a 'module.Name' path."
@@ -78,6 +85,7 @@ register_trl_pipeline("SFT", "trl.SFTConfig", "trl.SFTTrainer", to_trl_sft, "sft
 register_trl_pipeline("DPO", "trl.DPOConfig", "trl.DPOTrainer", to_trl_dpo, "pref")
 register_trl_pipeline("GRPO", "trl.GRPOConfig", "trl.GRPOTrainer", to_trl_grpo, "rl", needs_rewards=True)
 register_trl_pipeline("RLOO", "trl.RLOOConfig", "trl.RLOOTrainer", to_trl_grpo, "rl", needs_rewards=True)
+register_trl_pipeline("REWARD", "trl.RewardConfig", "trl.RewardTrainer", to_trl_dpo, "pref", model_kind="value")
 
 # %% ../nbs/03a_trl_pipelines.ipynb #8627441e
 def _cpu_defaults():
@@ -85,44 +93,60 @@ def _cpu_defaults():
     if torch.cuda.is_available(): return {}
     return {"bf16": False, "fp16": False, "use_cpu": True, "gradient_checkpointing": False}
 
+@functools.cache
+def _trl_parser_class():
+    "TRL's `TrlParser`, raising `ConfigError` (one line) where argparse would print its usage and exit."
+    class Parser(_trl().TrlParser):
+        def error(self, message): raise ConfigError(message)
+    return Parser
+
 def parse_trl_args(name, args=None, config=None, **overrides):
     "(ScriptArguments, <Trainer>Config, ModelConfig) for pipeline `name` from YAML `config`, CLI `args` and `overrides`."
     entry, trl = get_trl_pipeline(name), _trl()
-    parser = trl.TrlParser((pipeline_arguments(), entry.config_class, trl.ModelConfig))
+    parser = _trl_parser_class()((pipeline_arguments(), entry.config_class, trl.ModelConfig), prog=f"rlhf-nb trl {name.lower()}")
     parser.set_defaults(report_to="none", output_dir=f"runs/trl_{name.lower()}", model_name_or_path="tiny", **_cpu_defaults())
     argv = list(args or [])
     if config is not None:
         if not Path(config).is_file(): raise FileNotFoundError(f"config file not found: {config}")
         argv = ["--config", str(config)] + argv
     script_args, train_args, model_args, rest = parser.parse_args_and_config(argv, return_remaining_strings=True)
-    if rest: raise ValueError(f"unknown option(s) for the {name.upper()} pipeline: {' '.join(rest)}")
+    if rest: raise ConfigError(f"unknown option(s) for the {name.upper()} pipeline: {' '.join(rest)}")
     objs = [script_args, train_args, model_args]
     for k, v in overrides.items():
         owners = [o for o in objs if k in {f.name for f in dataclasses.fields(o)}]
-        if not owners: raise ValueError(f"unknown option {k!r} for the {name.upper()} pipeline")
+        if not owners: raise ConfigError(f"unknown option {k!r} for the {name.upper()} pipeline")
         for o in owners: setattr(o, k, v)
+    if script_args.torch_dtype: model_args.dtype = script_args.torch_dtype
     return script_args, train_args, model_args
 
 # %% ../nbs/03a_trl_pipelines.ipynb #50527dc2
-def load_model_and_tokenizer(model_args, model=None, tokenizer=None):
-    "The policy and its chat-ready tokenizer from a `trl.ModelConfig` (either may be passed in ready-made)."
-    trl = _trl()
+def _load_kwargs(model_args, trust_remote_code=False):
+    "The `from_pretrained` options a `trl.ModelConfig` (and the training config's trust_remote_code) carry."
+    kw = {"revision": model_args.model_revision, "attn_implementation": model_args.attn_implementation,
+          "trust_remote_code": bool(trust_remote_code)}
+    return {k: v for k, v in kw.items() if v is not None}
+
+def _quantized(name, kind, model_args, quant, kw):
+    "A bitsandbytes-quantised model (GPU only)."
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    cls, extra = (AutoModelForSequenceClassification, {"num_labels": 1}) if kind == "value" else (AutoModelForCausalLM, {})
+    return cls.from_pretrained(name, dtype=model_args.dtype, quantization_config=quant, device_map=_trl().get_kbit_device_map(), **extra, **kw)
+
+def load_model_and_tokenizer(model_args, model=None, tokenizer=None, kind="causal", trust_remote_code=False):
+    "The model (a policy, or with kind='value' a scalar-head reward model) and its chat-ready tokenizer from a `trl.ModelConfig`."
     if (model_args.load_in_4bit or model_args.load_in_8bit) and not torch.cuda.is_available():
         raise ValueError("load_in_4bit / load_in_8bit (bitsandbytes quantisation) need a CUDA GPU; this machine has none")
-    name = model_args.model_name_or_path or getattr(model, "name_or_path", None)
+    name, kw = model_args.model_name_or_path or getattr(model, "name_or_path", None), _load_kwargs(model_args, trust_remote_code)
     if tokenizer is None:
         if not name: raise ValueError("model_name_or_path is not set and no tokenizer was passed")
-        tokenizer = load_tokenizer(name, padding_side="left")
+        tokenizer = load_tokenizer(name, padding_side="left", **{k: v for k, v in kw.items() if k != "attn_implementation"})
     tokenizer = ensure_chat_ready(tokenizer)
-    quant = trl.get_quantization_config(model_args)
+    quant, dtype = _trl().get_quantization_config(model_args), None if model_args.dtype in (None, "auto") else model_args.dtype
     if model is None:
         if not name: raise ValueError("model_name_or_path is not set and no model was passed")
-        if quant is None: model = load_causal_lm(name, dtype=None if model_args.dtype in (None, "auto") else model_args.dtype)
-        else:
-            from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(name, revision=model_args.model_revision, dtype=model_args.dtype,
-                                                         attn_implementation=model_args.attn_implementation,
-                                                         quantization_config=quant, device_map=trl.get_kbit_device_map())
+        if quant is not None: model = _quantized(name, kind, model_args, quant, kw)
+        elif kind == "value": model = load_value_model(name, dtype=dtype, tokenizer=tokenizer, **kw)
+        else: model = load_causal_lm(name, dtype=dtype, **kw)
     if getattr(model.config, "pad_token_id", None) is None: model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
 
@@ -135,10 +159,12 @@ def pipeline_rows(script_args, row_kind, seed=0):
         opts = {"n_train": script_args.num_train_rows, "n_test": script_args.num_eval_rows}
         if name != "arith": opts["source"] = script_args.dataset_source
         if name == "hh-rlhf": opts["variant"] = {"pref": "rm", "sft": "sft", "rl": "rl"}[row_kind]
-        splits = data.prep(name, **{k: v for k, v in opts.items() if v is not None})
-        train, test = splits.get("train", []), splits.get("test", [])
-    elif Path(name).exists(): train, test = read_train_test(name, "rl")
+        splits = dict(data.prep(name, **{k: v for k, v in opts.items() if v is not None}))
+    elif Path(name).exists(): splits = dict(zip(("train", "test"), read_train_test(name, "rl")))
     else: return None
+    train = select_split(splits, script_args.dataset_train_split)
+    test_spec = script_args.dataset_test_split
+    test = select_split(splits, test_spec) if parse_split(test_spec)[0] in splits else []
     if row_kind == "pref" and train and "chosen" not in train[0]:
         if "completion" not in train[0]:
             raise ValueError(f"{name}: DPO needs preference rows (chosen/rejected) or rows with a 'completion' to pair")
@@ -157,8 +183,11 @@ def pipeline_datasets(entry, script_args, train_dataset=None, eval_dataset=None,
         rows = pipeline_rows(script_args, entry.row_kind, seed)
         if rows is None:                                                        # a hub dataset, TRL columns
             import datasets
-            ds = datasets.load_dataset(script_args.dataset_name, script_args.dataset_config)
-            return ds[script_args.dataset_train_split], ds.get(script_args.dataset_test_split)
+            load = functools.partial(datasets.load_dataset, script_args.dataset_name, script_args.dataset_config)
+            train = load(split=script_args.dataset_train_split)                 # 'train[:500]' is datasets' own notation
+            try: test = load(split=script_args.dataset_test_split)
+            except ValueError: test = None                                       # the dataset has no such split
+            return train, test
         train_dataset, eval_dataset = rows if eval_dataset is None else (rows[0], eval_dataset)
     return _as_trl_dataset(train_dataset, entry.to_dataset), _as_trl_dataset(eval_dataset, entry.to_dataset)
 
@@ -176,24 +205,143 @@ def default_reward_funcs():
     return [trl_reward_func()]
 
 # %% ../nbs/03a_trl_pipelines.ipynb #6f27f3e4
+def _with_trainer_kwargs(trainer_class, kwargs, extra):
+    "The trainer's keyword arguments: the pipeline's, then `extra` (callbacks, data_collator, compute_metrics, ...) on top."
+    if not extra: return kwargs
+    accepted = set(inspect.signature(trainer_class.__init__).parameters) - {"self", "args"}
+    bad = sorted(set(extra) - accepted)
+    if bad: raise ConfigError(f"trainer_kwargs: {trainer_class.__name__} takes no {', '.join(bad)} "
+                              f"(config options go in config_kwargs; it takes {', '.join(sorted(accepted))})")
+    return {**kwargs, **extra}
+
 def trl_pipeline(name, args=None, *, config=None, model=None, tokenizer=None, train_dataset=None, eval_dataset=None,
-                 reward_funcs=None, train=True, save=True, **overrides):
-    "Run TRL's `name` trainer ('SFT', 'DPO', 'GRPO', 'RLOO') on rlhf-nb data from YAML/flags/kwargs. -> the trainer"
+                 reward_funcs=None, trainer_kwargs=None, config_kwargs=None, train=True, save=True, **overrides):
+    "Run TRL's `name` trainer (SFT, DPO, GRPO, RLOO, REWARD) on rlhf-nb data from YAML/flags/`config_kwargs`. -> the trainer"
     entry = get_trl_pipeline(name)
-    script_args, train_args, model_args = parse_trl_args(name, args, config, **overrides)
-    model, tokenizer = load_model_and_tokenizer(model_args, model, tokenizer)
+    script_args, train_args, model_args = parse_trl_args(name, args, config, **{**(config_kwargs or {}), **overrides})
+    model, tokenizer = load_model_and_tokenizer(model_args, model, tokenizer, entry.model_kind, train_args.trust_remote_code)
     train_ds, eval_ds = pipeline_datasets(entry, script_args, train_dataset, eval_dataset, seed=train_args.seed)
+    if entry.model_kind == "value" and model_args.lora_task_type == "CAUSAL_LM": model_args.lora_task_type = "SEQ_CLS"
     peft_config = _trl().get_peft_config(model_args)
     if getattr(train_args, "beta", 0.0) != 0.0 and peft_config is None:        # TRL will build a reference copy
         model = _reloadable(model, tokenizer, train_args.output_dir)
     kwargs = dict(model=model, args=train_args, train_dataset=train_ds, eval_dataset=eval_ds,
                   processing_class=tokenizer, peft_config=peft_config)
     if entry.needs_rewards: kwargs["reward_funcs"] = reward_funcs if reward_funcs is not None else default_reward_funcs()
-    trainer = entry.trainer_class(**kwargs)
+    trainer = entry.trainer_class(**_with_trainer_kwargs(entry.trainer_class, kwargs, trainer_kwargs))
     if train:
         trainer.train()
-        if save: trainer.save_model(train_args.output_dir)
+        if save: trainer.save_model(train_args.output_dir); trainer.save_state()        # + trainer_state.json for plots
     return trainer
+
+# %% ../nbs/03a_trl_pipelines.ipynb #c17ae566
+@dataclass
+class TRLPPOArgs:
+    "TRL's PPOConfig/ScriptArguments options whose names differ from the native PPOConfig's; each maps onto a native option."
+    sft_model_path: Optional[str] = option(None, "TRL: the SFT policy to start from -> model_name_or_path.")
+    reward_model_path: Optional[str] = option(None, "TRL: the reward model -> scores of model-style rows (RewardManager) and the critic's start (value_model_name_or_path).")
+    response_length: Optional[int] = option(None, "TRL: new tokens per response -> max_completion_length.")
+    total_episodes: Optional[int] = option(None, "TRL: episodes to train on -> max_steps = ceil(total_episodes / episodes per step).")
+    num_mini_batches: int = option(1, "TRL: mini-batches per batch of episodes -> per_device_train_batch_size and mini_batch_size (see above).")
+    dataset_name: Optional[str] = option(None, "TRL: the dataset -> dataset (arith, gsm8k, math, hh-rlhf, or a parquet file/folder).")
+    stop_token: Optional[str] = option(None, "TRL: 'eos' ends responses at eos, as the native PPO always does; other values are refused.")
+    num_sample_generations: Optional[int] = option(None, "TRL: sample generations during training -> eval_steps = max_steps // num_sample_generations.")
+    local_rollout_forward_batch_size: Optional[int] = option(None, "TRL: rollout forward micro-batch; no native equivalent (ignored).")
+    exp_name: Optional[str] = option(None, "TRL: run name; no native equivalent (ignored).")
+
+# %% ../nbs/03a_trl_pipelines.ipynb #d1ecedfb
+_SAME_PPO_NAMES = ("kl_coef", "cliprange", "cliprange_value", "vf_coef", "num_ppo_epochs", "gamma", "lam", "missing_eos_penalty",
+                   "whiten_rewards", "kl_estimator", "temperature", "learning_rate", "output_dir", "seed", "report_to", "max_steps",
+                   "model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "bf16")
+
+def map_trl_ppo(t, cfg, given, world_size=1):
+    "Native PPOConfig values for TRL PPO options `t` (a TRLPPOArgs) given on top of `cfg`: -> ({native: value}, [notes])."
+    m, notes = {}, [f"{k} -> {k} (same name)" for k in _SAME_PPO_NAMES if k in given]
+    def put(trl_name, native, value, why=""):
+        m[native] = value; notes.append(f"{trl_name} -> {native} = {value}{why}")
+    if t.sft_model_path: put("sft_model_path", "model_name_or_path", t.sft_model_path)
+    if t.reward_model_path: put("reward_model_path", "value_model_name_or_path", t.reward_model_path, " (+ the RewardManager's reward model)")
+    if t.response_length is not None: put("response_length", "max_completion_length", t.response_length)
+    if t.dataset_name: put("dataset_name", "dataset", t.dataset_name)
+    if {"per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches"} & set(given):
+        mini = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+        put("per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches", "per_device_train_batch_size", mini * t.num_mini_batches)
+        put("per_device_train_batch_size x gradient_accumulation_steps", "mini_batch_size", mini)
+    per_step = m.get("per_device_train_batch_size", cfg.per_device_train_batch_size) * cfg.num_generations * world_size
+    if t.total_episodes is not None and "max_steps" not in given:
+        put("total_episodes", "max_steps", max(1, math.ceil(t.total_episodes / per_step)), f" ({per_step} episodes per step)")
+    if t.num_sample_generations: put("num_sample_generations", "eval_steps", max(1, m.get("max_steps", cfg.max_steps) // t.num_sample_generations))
+    if t.stop_token not in (None, "eos"): raise ConfigError(f"stop_token={t.stop_token!r}: the native PPO stops responses at eos only (use 'eos')")
+    notes += [f"{k} -> (no native equivalent; ignored)" for k in ("local_rollout_forward_batch_size", "exp_name") if getattr(t, k) is not None]
+    return m, notes
+
+# %% ../nbs/03a_trl_pipelines.ipynb #df31aadb
+def _given_options(argv):
+    "Option names set by `argv`: its `--flags` and the keys of its `--config` YAML file."
+    names = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+    if "--config" in argv and argv.index("--config") + 1 < len(argv):
+        import yaml
+        p = Path(argv[argv.index("--config") + 1])
+        if p.is_file(): names |= set(yaml.safe_load(p.read_text()) or {})
+    return names - {"config"}
+
+def trl_ppo_config(argv, world_size=None):
+    "A native PPOConfig (and DataArgs) from TRL PPO option names plus native ones: -> (cfg, data_args, TRLPPOArgs, notes)."
+    world_size = world_size or int(os.environ.get("WORLD_SIZE", "1") or 1)
+    t, cfg, data_args = parse_config((TRLPPOArgs, PPOConfig, DataArgs), argv, prog="rlhf-nb trl ppo",
+                                     description="TRL's PPOConfig option names, run by rlhf-nb's PPO.")
+    mapped, notes = map_trl_ppo(t, cfg, _given_options(argv), world_size)
+    return dataclasses.replace(cfg, **mapped), data_args, t, notes
+
+# %% ../nbs/03a_trl_pipelines.ipynb #815aa025
+def trl_ppo(argv):
+    "Run `rlhf-nb trl ppo ARGV`: TRL PPO names mapped to rlhf-nb's PPO (each mapping printed to stderr). -> the run's summary"
+    cfg, data_args, t, notes = trl_ppo_config(argv)
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        for n in notes: print(f"rlhf-nb trl ppo: {n}", file=sys.stderr)
+    kw = {}
+    if t.reward_model_path:
+        rm_tok = load_tokenizer(t.reward_model_path, verbose=False)
+        kw["reward_manager"] = RewardManager(load_tokenizer(cfg.model_name_or_path, verbose=False),
+                                             reward_model=load_value_model(t.reward_model_path, tokenizer=rm_tok), reward_tokenizer=rm_tok)
+    return run_rl(cfg, data_args, trainer_kwargs=kw)
+
+# %% ../nbs/03a_trl_pipelines.ipynb #426c7954
+def _trl_usage():
+    names = ", ".join(n.lower() for n in TRL_PIPELINES)
+    return (f"usage: rlhf-nb trl NAME [--config FILE.yaml] [TRL options ...]   (NAME: {names}, ppo)\n"
+            "  rlhf-nb trl NAME --help lists NAME's options (TrlParser: ScriptArguments + NAME's config + ModelConfig);\n"
+            "  rlhf-nb trl ppo takes TRL's PPOConfig names and runs rlhf-nb's PPO.\n"
+            "  under a launcher: accelerate launch [...] -m rlhf_nb.trl_pipelines NAME [...]")
+
+def pipeline_summary(name, trainer):
+    "A JSON-able summary of a finished TRL run: pipeline, steps, world size, output folder, last logged numbers."
+    last = {k: v for h in trainer.state.log_history for k, v in h.items() if isinstance(v, (int, float))}
+    return {"pipeline": name.lower(), "steps": trainer.state.global_step, "world_size": trainer.args.world_size,
+            "output_dir": trainer.args.output_dir, "final": last}
+
+def trl_main(argv=None):
+    "`rlhf-nb trl NAME [--config F.yaml] [options ...]`: TRL's NAME trainer (or, for 'ppo', the native PPO); prints a JSON summary."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"): print(_trl_usage()); return 0
+    name, rest = argv[0], argv[1:]
+    if name.lower() == "ppo": trl_ppo(rest); return 0
+    if name.upper() not in TRL_PIPELINES:
+        raise ConfigError(f"unknown TRL pipeline {name!r}; choose one of: {', '.join(n.lower() for n in TRL_PIPELINES)}, ppo")
+    trainer = trl_pipeline(name, rest)
+    if trainer.is_world_process_zero(): print(json.dumps(pipeline_summary(name, trainer)))
+    return 0
+
+# %% ../nbs/03a_trl_pipelines.ipynb #60f21cfc
+def _module_main(argv=None):
+    "`python -m rlhf_nb.trl_pipelines ...`: `trl_main`, with bad input reported as one line and exit status 2."
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try: return trl_main(argv)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("RLHF_NB_DEBUG"): raise
+        msg = str(e).strip().strip('"').splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"rlhf-nb trl {argv[0] if argv else ''}: error: {msg}", file=sys.stderr)
+        return 2
 
 # %% ../nbs/03a_trl_pipelines.ipynb #1a7fa98c
 TRL_PLOT_PANELS = {
@@ -232,3 +380,8 @@ def plot_trl_dynamics(history, panels=None, title=None):
     if title: fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/03a_trl_pipelines.ipynb #1014a85a
+#| eval: false
+if __name__ == "__main__":
+    sys.exit(_module_main())

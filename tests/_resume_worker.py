@@ -1,6 +1,6 @@
 """Run `rlhf-nb ARGS...` (the CLI's own `rlhf_nb.launch.main`) in this process, for the kill-and-resume tests.
 
-    python tests/_resume_worker.py [--kill_at_save STEP --kill_point mid|rename] -- ppo --output_dir D ...
+    python tests/_resume_worker.py [--kill_at_save STEP --kill_point mid|rename] [--step_sleep S] -- ppo --output_dir D ...
 
 Two things differ from the plain console script, both so that a tiny run says something:
 - the reward of data_source "arith" is replaced by a dense one (the fraction of characters with an even code point),
@@ -55,8 +55,18 @@ def arm_signal(step, name):
     RunLog.log = signalling_log
 
 
+def slow_steps(seconds):
+    "Sleep after every RL step, so a test can act (kill a Ray worker) while the run is surely still going."
+    import time
+    from rlhf_nb.ppo import RLTrainer
+    step = RLTrainer.step
+    def slow(self):
+        m = step(self); time.sleep(seconds); return m
+    RLTrainer.step = slow
+
+
 def main(argv):
-    kill_at, point, sig_at, sig = None, "mid", None, "TERM"
+    kill_at, point, sig_at, sig, step_sleep = None, "mid", None, "TERM", 0.0
     if "--" in argv:
         i = argv.index("--"); opts, argv = argv[:i], argv[i + 1:]
         for k, v in zip(opts[::2], opts[1::2]):
@@ -64,6 +74,7 @@ def main(argv):
             elif k == "--kill_point": point = v
             elif k == "--signal_at_log": sig_at = int(v)
             elif k == "--signal": sig = v
+            elif k == "--step_sleep": step_sleep = float(v)
             else: raise SystemExit(f"unknown worker option {k}")
     import torch
     torch.set_num_threads(1)
@@ -71,6 +82,7 @@ def main(argv):
     register_reward("arith")(dense_arith_reward)
     if kill_at is not None: arm_kill(kill_at, point)
     if sig_at is not None: arm_signal(sig_at, sig)
+    if step_sleep: slow_steps(step_sleep)
     from rlhf_nb.launch import main as cli
     return cli(argv)
 
