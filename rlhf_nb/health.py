@@ -158,10 +158,10 @@ def plot_health(report, ncols=4):
         x, y = zip(*report["series"][name])
         ax.plot(x, y, lw=1, marker="o" if len(x) < 30 else None, ms=3)
         if name == "KL": ax.set_yscale("symlog", linthresh=1.0)
-        for w in report["warnings"]:
-            if _PANEL_OF_RULE.get(w["rule"]) == name:
-                ax.axvline(w["step"], c="tab:red", lw=0.8, ls="--")
-                ax.annotate(w["rule"], (w["step"], ax.get_ylim()[1]), fontsize=7, color="tab:red", ha="right", va="top", rotation=90)
+        mine = [w for w in report["warnings"] if _PANEL_OF_RULE.get(w["rule"]) == name]
+        for j, w in enumerate(mine):                                  # a line per warning, the rule's name once
+            ax.axvline(w["step"], c="tab:red", lw=0.8, ls="--")
+            if j == 0: ax.annotate(w["rule"], (w["step"], ax.get_ylim()[1]), fontsize=7, color="tab:red", ha="right", va="top", rotation=90)
         ax.set_title(name, fontsize=9); ax.set_xlabel("step", fontsize=8)
     for ax in list(axes.flat)[len(names):]: ax.axis("off")
     fig.suptitle(f"run health: {len(report['warnings'])} warning(s)", fontsize=10); fig.tight_layout()

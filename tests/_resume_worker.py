@@ -45,16 +45,6 @@ def arm_kill(step, point):
     else: raise SystemExit(f"--kill_point must be mid or rename, not {point!r}")
 
 
-def arm_signal(step, name):
-    "Send this process SIG`name` just after the metrics row of step `step` is written."
-    from rlhf_nb.engine import RunLog
-    log = RunLog.log
-    def signalling_log(self, row):
-        log(self, row)
-        if row.get("step") == step: os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
-    RunLog.log = signalling_log
-
-
 def slow_steps(seconds):
     "Sleep after every RL step, so a test can act (kill a Ray worker) while the run is surely still going."
     import time
@@ -65,6 +55,16 @@ def slow_steps(seconds):
     RLTrainer.step = slow
 
 
+def arm_signal(step, name):
+    "Send this process SIG`name` just after the metrics row of step `step` is written."
+    from rlhf_nb.engine import RunLog
+    log = RunLog.log
+    def signalling_log(self, row):
+        log(self, row)
+        if row.get("step") == step: os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+    RunLog.log = signalling_log
+
+
 def main(argv):
     kill_at, point, sig_at, sig, step_sleep = None, "mid", None, "TERM", 0.0
     if "--" in argv:
@@ -72,17 +72,17 @@ def main(argv):
         for k, v in zip(opts[::2], opts[1::2]):
             if k == "--kill_at_save": kill_at = int(v)
             elif k == "--kill_point": point = v
+            elif k == "--step_sleep": step_sleep = float(v)
             elif k == "--signal_at_log": sig_at = int(v)
             elif k == "--signal": sig = v
-            elif k == "--step_sleep": step_sleep = float(v)
             else: raise SystemExit(f"unknown worker option {k}")
     import torch
     torch.set_num_threads(1)
     from rlhf_nb.rewards import register_reward
     register_reward("arith")(dense_arith_reward)
     if kill_at is not None: arm_kill(kill_at, point)
-    if sig_at is not None: arm_signal(sig_at, sig)
     if step_sleep: slow_steps(step_sleep)
+    if sig_at is not None: arm_signal(sig_at, sig)
     from rlhf_nb.launch import main as cli
     return cli(argv)
 
