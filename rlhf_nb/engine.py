@@ -21,7 +21,7 @@ __all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'DEFAULT_PANELS', 
            'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget',
            'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum',
            'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted',
-           'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
+           'StopSignals', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -573,6 +573,43 @@ class RunGuard:
     def __exit__(self, *exc):
         self.stop.__exit__(*exc)
         if self.main: unlock_output_dir(self.output_dir)
+
+# %% ../nbs/01b_engine.ipynb #d5f750c3
+class LoopCheckpoints:
+    "Checkpoints, metrics.jsonl and stop signals of a one-process loop: `restore(...)` once, `after_step(...)` each step."
+    def __init__(self, output_dir, save_steps=0, resume_from_checkpoint=None, save_total_limit=2, stop=None):
+        self.output_dir, self.save_steps, self.resume, self.limit, self.stop = Path(output_dir), save_steps, resume_from_checkpoint, save_total_limit, stop
+        self.run_log = RunLog(output_dir)
+
+    def save(self, step, model, tokenizer, optimizer, scheduler, state, rng=None):
+        "Write checkpoint-{step}: policy/ (model + tokenizer), optimizer.pt, RNG states, trainer_state.json = `state`."
+        def write(tmp):
+            model.save_pretrained(tmp / "policy"); tokenizer.save_pretrained(tmp / "policy")
+            torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optimizer.pt")
+        return write_checkpoint(self.output_dir, step, write, state, save_total_limit=self.limit, rng_extra={"loop": rng} if rng else None)
+
+# %% ../nbs/01b_engine.ipynb #5ceeb039
+@patch
+def restore(self: LoopCheckpoints, model, optimizer, scheduler, rng=None):
+    "Load `resume_from_checkpoint` (a folder or 'latest') into the objects; -> its state dict (None for a fresh run)."
+    if not self.resume: self.run_log.open(0); return None
+    path = resolve_checkpoint(self.output_dir, self.resume, missing_files)
+    state = read_checked(path / "trainer_state.json", lambda p: json.loads(p.read_text()), path)
+    load_weights(model, path / "policy", root=path)
+    opt = torch_load(path / "optimizer.pt", path)
+    optimizer.load_state_dict(opt["optimizer"]); scheduler.load_state_dict(opt["scheduler"])
+    set_rng_state(torch_load(path / "rng_state_0.pt", path), extra={"loop": rng} if rng else None)
+    self.run_log.open(state["step"])
+    return state
+
+@patch
+def after_step(self: LoopCheckpoints, row, model, tokenizer, optimizer, scheduler, state, rng=None):
+    "Log `row`; write a checkpoint when due or when a stop signal came (then raise `Interrupted`)."
+    self.run_log.log(row)
+    step, sig = state["step"], self.stop.requested() if self.stop else None
+    if (self.save_steps and step % self.save_steps == 0) or sig:
+        path = self.save(step, model, tokenizer, optimizer, scheduler, state, rng)
+        if sig: raise Interrupted(sig, step, path)
 
 # %% ../nbs/01b_engine.ipynb #3a5fad03
 def end_distributed():

@@ -20,7 +20,7 @@ from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_tokenizer, load_value_model, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
-from .engine import fresh_output_dir, save_model_folder
+from .engine import fresh_output_dir, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
@@ -719,7 +719,8 @@ def pairwise_accuracy(model, tokenizer, rows, max_length=512, batch_size=64):
 
 # %% ../nbs/01_rewards.ipynb #42f9fa26
 def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=32, max_steps=200, max_length=512,
-                       eval_steps=50, margin=None, center_rewards_coefficient=None, weight_decay=0.0, max_seconds=None, seed=0):
+                       eval_steps=50, margin=None, center_rewards_coefficient=None, weight_decay=0.0, max_seconds=None, seed=0,
+                       checkpoints=None):
     "Bradley–Terry training on preference rows (`prompt`, `chosen`, `rejected`); returns the history (list of dicts)."
     if not rows: raise ValueError("train_reward_model: no preference rows")
     for k in ("prompt", "chosen", "rejected"):
@@ -731,8 +732,10 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))  # 10 warm-up steps, then constant
     dev, pad, hist, t0 = next(model.parameters()).device, tokenizer.pad_token_id, [], time.perf_counter()
+    st = checkpoints.restore(model, opt, sched) if checkpoints else None          # an engine.LoopCheckpoints: resume
+    if st: hist = st["history"]; g.set_state(torch.tensor(st["generator"], dtype=torch.uint8))
     model.train()
-    for step in tqdm(range(1, max_steps + 1), desc="reward model", leave=False, mininterval=5):
+    for step in tqdm(range((st["step"] if st else 0) + 1, max_steps + 1), desc="reward model", leave=False, mininterval=5):
         idx = torch.randint(len(rows), (min(batch_size, len(rows)),), generator=g).tolist()
         ids, attn = pad_right([c_ids[i] for i in idx] + [j_ids[i] for i in idx], pad)          # [2B, L]
         r = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits[:, 0]             # [2B]
@@ -745,6 +748,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
         if eval_rows and (step % eval_steps == 0 or done):
             rec["eval_accuracy"] = pairwise_accuracy(model, tokenizer, eval_rows, max_length); model.train()
         hist.append(rec)
+        if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, history=hist, generator=g.get_state().tolist()))
         if done: break
     model.eval()
     return hist
@@ -770,6 +774,9 @@ class RMArgs(PeftArgs):
     seed: int = option(0, "Seed.")
     dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
     data_dir: str = option("runs/data", "Where named datasets are prepared.")
+    save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
+    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
+    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
 
 # %% ../nbs/01_rewards.ipynb #fb6854dd
 def _rm_pairs(a):
@@ -781,13 +788,16 @@ def _rm_pairs(a):
 def run_reward_model(a):
     "Train the reward model of `a` (RMArgs) and save it to `a.output_dir`: -> {output_dir, steps, eval_pairwise_accuracy}."
     check_model_path(a.model_name_or_path)
-    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir or bool(a.resume_from_checkpoint))
     train, evals = _rm_pairs(a)
     tok = load_tokenizer(a.model_name_or_path)
     model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, **load_kwargs(a)), a, "SEQ_CLS")
-    hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
-                              max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
-                              center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed)
+    with RunGuard(out) as stop:                     # the folder locked; SIGTERM/SIGINT: checkpoint, then Interrupted
+        ck = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop)
+        hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
+                                  max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
+                                  center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed,
+                                  checkpoints=ck)
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder that load_reward_model reads
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":

@@ -18,7 +18,7 @@ from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_thr
 from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 from .engine import write_json_atomic
 from .rewards import compute_score
-from .engine import fresh_output_dir, save_model_folder
+from .engine import fresh_output_dir, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
@@ -121,7 +121,7 @@ def _lr_lambda(scheduler, warmup_steps, total_steps):
 def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=128, max_steps=1000, eval_steps=25,
               target_accuracy=None, max_seconds=None, seed=0, lr_scheduler_type="constant", warmup_steps=50,
               weight_decay=0.0, max_grad_norm=1.0, eval_batch_size=256, score_fn=None, max_length=None,
-              fine_eval_steps=None, progress=True) -> list[dict]:
+              fine_eval_steps=None, progress=True, checkpoints=None) -> list[dict]:
     "Completion-only SFT with AdamW; stops at `target_accuracy` on `eval_rows`, `max_steps` or `max_seconds`. Returns the history."
     if not rows: raise ValueError("sft_train: no training rows")
     if target_accuracy is not None and not eval_rows: raise ValueError("sft_train: target_accuracy needs eval_rows")
@@ -132,10 +132,12 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(lr_scheduler_type, warmup_steps, max_steps))
     fine = fine_eval_steps or max(1, eval_steps // 5)
     rng, order, history, t0, last_acc = random.Random(seed), [], [], time.time(), 0.0
+    st = checkpoints.restore(model, opt, sched, rng) if checkpoints else None      # an engine.LoopCheckpoints: resume
+    if st: order, history, last_acc = st["order"], st["history"], st["last_acc"]
     was_training = model.training
     model.train()
-    bar = tqdm(total=max_steps, desc="sft", disable=not progress)
-    for step in range(1, max_steps + 1):
+    bar = tqdm(total=max_steps, initial=st["step"] if st else 0, desc="sft", disable=not progress)
+    for step in range((st["step"] if st else 0) + 1, max_steps + 1):
         while len(order) < batch_size: order += rng.sample(range(len(data)), len(data))  # epoch-wise shuffling
         idx, order = order[:batch_size], order[batch_size:]
         batch = {k: v.to(device) for k, v in sft_collate([data[i] for i in idx], pad, max_length).items()}
@@ -156,6 +158,8 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
             if target_accuracy is not None and ev["accuracy"] >= target_accuracy: done = True
             done = done or (max_seconds is not None and rec["seconds"] >= max_seconds)
         bar.update(1)
+        if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, order=order, history=history,
+                                                                                     last_acc=last_acc), rng)
         if done: break
     bar.close()
     model.train(was_training)
@@ -262,6 +266,9 @@ class SFTArgs(PeftArgs):
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
     dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
     data_dir: str = option("runs/data", "Where named datasets are prepared.")
+    save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
+    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
+    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
 
 # %% ../nbs/00b_sft.ipynb #d50dec75
 def _sft_model(a, rows):
@@ -284,16 +291,18 @@ def _fitting_rows(tok, rows, max_length):
 def run_sft(a):
     "Fine-tune as `a` (SFTArgs) says and save model, tokenizer, metrics.jsonl, summary.json: -> {output_dir, steps, eval_accuracy}."
     check_model_path(a.model_name_or_path)
-    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    out = fresh_output_dir(a.output_dir, a.overwrite_output_dir or bool(a.resume_from_checkpoint))
     train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
     evals = [r for r in load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
              if r["reward_model"]["style"] == "rule"]                   # greedy accuracy needs a rule; model rows are the RM's
     tok, model = _sft_model(a, train)
     train, model = _fitting_rows(tok, train, a.max_length), prepare_for_training(model, a)
-    hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
-                     max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
-                     max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
-                     warmup_steps=a.warmup_steps, max_length=a.max_length)
+    with RunGuard(out) as stop:                     # the folder locked; SIGTERM/SIGINT: checkpoint, then Interrupted
+        ck = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop)
+        hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
+                         max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
+                         max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
+                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck)
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"] if evals else None}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],

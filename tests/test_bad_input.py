@@ -660,3 +660,93 @@ def test_placement_ray_without_ray(run, tmp_path, monkeypatch):
     find = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find(name, *a))
     one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--placement", "ray"), "pip install 'rlhf-nb[ray]'")
+
+
+# === faults: damaged run folders, misbehaving rewards, a busy folder, a full disk (issue 17) ==========================
+
+def test_checkpoint_from_a_model_of_another_shape(run, ckpts, tmp_path):
+    from rlhf_nb.models import tiny_causal_lm
+    tok = char_tokenizer()
+    wide = tmp_path / "wide"; tiny_causal_lm(tok, hidden_size=96).save_pretrained(wide); tok.save_pretrained(wide)
+    cp = ckpts / "ppo" / "checkpoint-1"
+    one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--max_steps", 2, "--model_name_or_path", wide,
+                  "--resume_from_checkpoint", cp), f"checkpoint {cp / 'policy'} is from a model of another shape: ",
+             "there,", "here", "resume with the model it was written by")
+
+
+def test_latest_when_every_checkpoint_lacks_its_trainer_state(run, ckpts, tmp_path):
+    out = tmp_path / "o"; out.mkdir()
+    shutil.copytree(ckpts / "ppo" / "checkpoint-1", out / "checkpoint-1")
+    (out / "checkpoint-1" / "trainer_state.json").unlink()
+    one_line(*run("ppo", "--output_dir", out, *TINY, "--max_steps", 2, "--resume_from_checkpoint", "latest"),
+             f"resume_from_checkpoint='latest' but every checkpoint-* folder in {out} is incomplete")
+
+
+def test_truncated_last_metrics_line_is_repaired_on_resume(run, ckpts, tmp_path, recwarn):
+    out = tmp_path / "o"; shutil.copytree(ckpts / "ppo", out)
+    with open(out / "metrics.jsonl", "a") as f: f.write('{"step": 2, "score/me')          # a run killed mid-append
+    rc, lines = run("ppo", "--output_dir", out, *TINY, "--max_steps", 2, "--resume_from_checkpoint", "latest")
+    assert rc == 0, lines
+    assert any("dropped a half-written last line" in str(w.message) for w in recwarn), [str(w.message) for w in recwarn]
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_metrics_line_broken_in_the_middle_is_named(tmp_path):
+    from rlhf_nb.engine import read_metrics
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not JSON"): read_metrics(tmp_path)
+
+
+def hangs(ds, s, gt, extra):
+    if s.startswith("7"):
+        import time; time.sleep(30)
+    return 1.0
+
+@pytest.mark.parametrize("fn,needle", [
+    (hangs, "reward failed for row 1 (data_source='arith'): RewardTimeout: took longer than 0.3s; scored -1.0"),
+    (lambda ds, s, gt, e: "1.0" if s.startswith("7") else 1.0,
+     "reward failed for row 1 (data_source='arith'): TypeError: reward function returned a str ('1.0'), not a number; scored -1.0"),
+], ids=["hangs", "string"])
+def test_reward_function_that_hangs_or_returns_a_string(caplog, fn, needle):
+    from rlhf_nb.rewards import RewardManager
+    tok = char_tokenizer()
+    rm = RewardManager(tok, compute_score=fn, fail_score=-1.0); rm.score_timeout = 0.3
+    with caplog.at_level(logging.WARNING, logger="rlhf_nb.rewards"):
+        scores, m = rm(reward_batch(tok, ["12 #### 12", "7", "12"]))
+    assert scores.sum(-1).tolist() == [1.0, -1.0, 1.0] and m["reward/failures"] == 1
+    assert m["reward/timeouts"] == (1 if fn is hangs else 0)
+    assert needle in caplog.text
+
+
+def test_reward_model_that_outputs_nan(caplog):
+    from rlhf_nb.rewards import RewardManager
+    tok = char_tokenizer()
+    rmodel = tiny_value_model(tok)
+    with torch.no_grad(): rmodel.score.weight.fill_(float("nan"))
+    b = reward_batch(tok, ["12", "7"]); b["reward_model"] = [{"style": "model", "ground_truth": ""}] * 2
+    b["raw_prompt"] = [[{"role": "user", "content": "1+1="}]] * 2
+    with caplog.at_level(logging.WARNING, logger="rlhf_nb.rewards"):
+        scores, m = RewardManager(tok, reward_model=rmodel, fail_score=-1.0)(b)
+    assert scores.sum(-1).tolist() == [-1.0, -1.0] and m["reward/failures"] == 2
+    assert "reward failed for row 0 (data_source='arith'): reward model returned nan; scored -1.0" in caplog.text
+
+
+def test_output_folder_held_by_a_live_run(run, tmp_path):
+    import socket
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        out = tmp_path / "o"; out.mkdir()
+        (out / ".rlhf_nb.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "earlier"}))
+        one_line(*run("grpo", "--output_dir", out, *TINY, "--num_generations", 2),
+                 f"--output_dir {out} is in use by another run (PID {holder.pid}, started earlier)")
+        one_line(*run("dpo", "--output_dir", out, *TINY_DPO), f"is in use by another run (PID {holder.pid}")
+        assert sorted(p.name for p in out.iterdir()) == [".rlhf_nb.lock"]                 # nothing written
+    finally: holder.kill(); holder.wait()
+
+
+def test_disk_full_during_the_first_checkpoint(run, tmp_path):
+    from rlhf_nb.engine import file_size_limit
+    out = tmp_path / "o"
+    with file_size_limit(200_000): rc, lines = run("grpo", "--output_dir", out, *TINY, "--num_generations", 2)
+    one_line(rc, lines, f"disk full writing {out / 'checkpoint-1'} (a file reached the size limit (ulimit -f)): it needs about")
+    assert [p.name for p in out.iterdir() if "checkpoint" in p.name] == [] and (out / "metrics.jsonl").exists()

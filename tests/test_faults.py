@@ -131,3 +131,58 @@ def test_fault_injection_harness_resume_equals_never_stopped():
     assert r.returncode == 0 and report and report[-1].startswith("injected faults: "), r.stdout[-3000:] + r.stderr[-3000:]
     injected, survived = (int(report[-1].split(", ")[k].split(": ")[1]) for k in (0, 1))
     assert injected >= 1 and survived == injected, report[-1]
+
+
+# --- SFT: signals and kills anywhere, then resume ------------------------------------------------------------------
+
+SFT = ["sft", "--max_steps", 6, "--n_train", 64, "--eval_size", 8, "--eval_steps", 3, "--per_device_train_batch_size", 8,
+       "--warmup_steps", 2, "--lr_scheduler_type", "cosine", "--seed", 3]
+
+
+def sft_worker(out, *extra, opts=()):
+    return [sys.executable, str(WORKER), *map(str, opts), "--", *map(str, SFT), "--output_dir", str(out), *map(str, extra)]
+
+
+def sft_rows(out):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in metric_rows(out)]
+
+
+_SFT_REF = {}
+
+def sft_reference(tmp_path_factory):
+    if "ref" not in _SFT_REF:
+        out = tmp_path_factory.mktemp("ref-sft") / "run"
+        _SFT_REF["ref"] = Run(sft_worker(out), out)
+    return _SFT_REF["ref"]
+
+
+@pytest.mark.parametrize("sig,at,save_steps,resumes_from", [("TERM", 3, 0, "checkpoint-3"), ("KILL", 4, 2, "checkpoint-2")],
+                         ids=["sigterm", "sigkill-between-checkpoints"])
+def test_sft_stopped_anywhere_resumes_to_the_uninterrupted_run(sig, at, save_steps, resumes_from, tmp_path, tmp_path_factory):
+    from safetensors.torch import load_file
+    ref, out = sft_reference(tmp_path_factory), tmp_path / "run"
+    victim = Run(sft_worker(out, "--save_steps", save_steps, opts=["--signal_at_log", at, "--signal", sig]), out)
+    rc = victim.wait()
+    assert rc == (128 + signal.SIGTERM if sig == "TERM" else -signal.SIGKILL), victim.tail()
+    if sig == "TERM": assert f"rlhf-nb sft: stopped by SIGTERM after step 3; checkpoint written to {out}/checkpoint-3" in victim.log.read_text()
+    assert checkpoints(out)[-1].name == resumes_from and [r["step"] for r in metric_rows(out)][-1] == at
+    Run(sft_worker(out, "--resume_from_checkpoint", "latest"), out).ok()
+    ref.ok()
+    assert sft_rows(out) == sft_rows(ref.out)                                 # every step's loss, lr and evaluation
+    a, b = load_file(str(ref.out / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all((a[k] == b[k]).all() for k in a), "weights differ after resuming"
+
+
+def test_reward_model_training_stopped_by_sigterm_resumes_to_the_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+    rm = ["rm", "--max_steps", 6, "--n_train", 32, "--eval_size", 8, "--eval_steps", 3, "--per_device_train_batch_size", 8,
+          "--max_length", 32, "--seed", 3]
+    argv = lambda out, *extra, opts=(): [sys.executable, str(WORKER), *map(str, opts), "--", *map(str, rm), "--output_dir", str(out), *map(str, extra)]
+    ref, out = Run(argv(tmp_path / "ref"), tmp_path / "ref"), tmp_path / "run"
+    victim = Run(argv(out, opts=["--signal_at_log", 4, "--signal", "TERM"]), out)
+    assert victim.wait() == 128 + signal.SIGTERM, victim.tail()
+    assert [p.name for p in checkpoints(out)] == ["checkpoint-4"]
+    Run(argv(out, "--resume_from_checkpoint", "latest"), out).ok(); ref.ok()
+    assert sft_rows(out) == sft_rows(ref.out)
+    a, b = load_file(str(ref.out / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all((a[k] == b[k]).all() for k in a), "weights differ after resuming"
