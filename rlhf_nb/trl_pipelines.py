@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from . import data
 from .config import ConfigError, option, parse_config
+from .engine import log_progress
 from .data import DataArgs, parse_split, read_train_test, select_split, to_trl_dpo, to_trl_grpo, to_trl_sft
 from .ppo import PPOConfig
 from .algos import run_rl
@@ -22,7 +23,7 @@ from .rewards import RewardManager, trl_reward_func
 __all__ = ['TRL_PIPELINES', 'TRL_PLOT_PANELS', 'pipeline_arguments', 'TRLPipeline', 'register_trl_pipeline', 'get_trl_pipeline',
            'parse_trl_args', 'load_model_and_tokenizer', 'pipeline_rows', 'pipeline_datasets', 'default_reward_funcs',
            'trl_pipeline', 'TRLPPOArgs', 'map_trl_ppo', 'trl_ppo_config', 'trl_ppo', 'pipeline_summary', 'trl_main',
-           'log_history_series', 'plot_trl_dynamics']
+           'load_log_history', 'log_history_series', 'plot_trl_dynamics']
 
 # %% ../nbs/03a_trl_pipelines.ipynb #38f9e040
 def _trl():
@@ -335,6 +336,7 @@ def trl_main(argv=None):
 # %% ../nbs/03a_trl_pipelines.ipynb #60f21cfc
 def _module_main(argv=None):
     "`python -m rlhf_nb.trl_pipelines ...`: `trl_main`, with bad input reported as one line and exit status 2."
+    if argv is None: sys.stderr = log_progress(sys.stderr)                # run as a program, output to a log: lines, not \r frames
     argv = list(sys.argv[1:] if argv is None else argv)
     try: return trl_main(argv)
     except (ConfigError, ValueError, FileNotFoundError) as e:
@@ -345,18 +347,31 @@ def _module_main(argv=None):
 
 # %% ../nbs/03a_trl_pipelines.ipynb #1a7fa98c
 TRL_PLOT_PANELS = {
-    "loss": ["loss", "eval_loss"],
+    "loss": ["loss", "loss/policy_avg", "loss/value_avg", "eval_loss"],
     "KL": ["kl", "objective/kl", "eval_kl"],
-    "entropy": ["entropy", "eval_entropy"],
-    "reward": ["reward", "eval_reward", "rewards/chosen", "rewards/rejected", "rewards/margins", "eval_rewards/margins"],
-    "accuracy": ["rewards/accuracies", "eval_rewards/accuracies", "mean_token_accuracy", "eval_accuracy"],
+    "entropy": ["entropy", "policy/entropy_avg", "objective/entropy", "eval_entropy"],
+    "reward": ["reward", "objective/scores", "objective/rlhf_reward", "eval_reward", "rewards/chosen", "rewards/rejected",
+               "rewards/margins", "eval_rewards/margins"],
+    "accuracy": ["rewards/accuracies", "eval_rewards/accuracies", "mean_token_accuracy", "eval_accuracy", "accuracy"],
+    "learning rate": ["lr", "learning_rate"],
 }
 
+def load_log_history(src):
+    "A TRL log history from a trainer, a list of rows, a trainer_state.json (its path, its folder, or its loaded dict)."
+    if hasattr(src, "state"): return src.state.log_history
+    if isinstance(src, (str, Path)):
+        p = Path(src); p = p / "trainer_state.json" if p.is_dir() else p
+        if not p.is_file(): raise FileNotFoundError(f"no trainer_state.json at {p}")
+        src = json.loads(p.read_text())
+    if isinstance(src, dict):
+        if "log_history" not in src: raise ValueError("not a trainer state: no 'log_history' key")
+        return src["log_history"]
+    return list(src)
+
 def log_history_series(history, keys=None):
-    "Numeric series `{key: (steps, values)}` from a TRL log history (or trainer); keys missing from every row are skipped."
-    if hasattr(history, "state"): history = history.state.log_history
+    "Numeric series `{key: (steps, values)}` from a TRL log history (or trainer, or trainer_state.json); keys missing from every row are skipped."
     out = {}
-    for i, row in enumerate(history):
+    for i, row in enumerate(load_log_history(history)):
         step = row.get("step", i)
         for k, v in row.items():
             if k == "step" or (keys is not None and k not in keys): continue
@@ -365,17 +380,24 @@ def log_history_series(history, keys=None):
     return out
 
 # %% ../nbs/03a_trl_pipelines.ipynb #030857f2
+_LINE_STYLES = ("-", "--", ":", "-.")
+
 def plot_trl_dynamics(history, panels=None, title=None):
-    "One matplotlib panel per family of logged keys that is present (loss, KL, entropy, reward, accuracy). -> Figure"
+    "One panel per family of logged keys present (loss, KL, entropy, reward, ...); `{label: history}` overlays runs. -> Figure"
     import matplotlib.pyplot as plt
-    panels = panels or TRL_PLOT_PANELS
-    series = log_history_series(history)
-    present = {p: [k for k in ks if k in series] for p, ks in panels.items()}
+    runs = history if isinstance(history, dict) and "log_history" not in history else {None: history}
+    series, panels = {label: log_history_series(h) for label, h in runs.items()}, panels or TRL_PLOT_PANELS
+    present = {p: [k for k in ks if any(k in s for s in series.values())] for p, ks in panels.items()}
     present = {p: ks for p, ks in present.items() if ks}
     if not present: raise ValueError(f"nothing to plot: the history has none of the keys {sorted(k for ks in panels.values() for k in ks)}")
     fig, axes = plt.subplots(1, len(present), figsize=(3.6 * len(present), 2.8), squeeze=False)
+    colours, overlay = {label: f"C{j}" for j, label in enumerate(runs)}, len(runs) > 1
     for ax, (p, ks) in zip(axes[0], present.items()):
-        for k in ks: ax.plot(*series[k], marker="." if len(series[k][0]) < 30 else None, label=k)
+        for j, k in enumerate(ks):
+            for label, s in series.items():
+                if k not in s: continue
+                ax.plot(*s[k], marker="." if len(s[k][0]) < 30 else None, color=colours[label] if overlay else f"C{j}",
+                        ls=_LINE_STYLES[j % 4] if overlay else "-", label=k if label is None else f"{label}: {k}")
         ax.set_title(p); ax.set_xlabel("step"); ax.legend(fontsize=7)
     if title: fig.suptitle(title)
     fig.tight_layout()

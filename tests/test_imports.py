@@ -17,6 +17,7 @@ CHECKS = {
     "rlhf_nb.trl_pipelines": "assert callable(m.trl_pipeline)",
     "rlhf_nb.demo": "assert ('tiny', 'grpo') in m.DEMO_PRESETS",
     "rlhf_nb.launch": "assert m.main(['--help']) == 0",
+    "rlhf_nb.widgets": "import tempfile; mon = m.TrainingMonitor(tempfile.mkdtemp()); assert mon.refresh() is False and mon.rows == 0",
 }
 OPTIONAL = {
     "rlhf_nb.sft": "assert callable(m.greedy_accuracy) and callable(m.sft_train)",
