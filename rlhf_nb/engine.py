@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
-import atexit, hashlib, importlib, json, math, os, random, re, resource, shutil, sys, tempfile, time, warnings
+import atexit, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, sys, tempfile, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -12,13 +12,14 @@ from accelerate.utils import broadcast
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['TRL_METRIC_NAMES', 'METRIC_SINKS', 'DEFAULT_PANELS', 'write_json_atomic', 'save_atomic', 'fresh_output_dir',
-           'save_model_folder', 'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra', 'require_extra',
-           'metric_sinks', 'RunLog', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
-           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
-           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
-           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'make_adamw']
+__all__ = ['TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'write_json_atomic', 'save_atomic',
+           'fresh_output_dir', 'save_model_folder', 'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra',
+           'require_extra', 'metric_sinks', 'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card',
+           'hub_api', 'push_to_hub', 'CarriageReturnLines', 'log_progress', 'rng_state', 'set_rng_state',
+           'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint',
+           'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu',
+           'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
+           'peak_memory', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -147,6 +148,25 @@ class RunLog:
         if not self.is_main: return
         with open(self.output_dir / "metrics.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
         for s in self.sinks: s(row)
+
+# %% ../nbs/01b_engine.ipynb #c81ed191
+SINK_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+def check_report_to(report_to):
+    "Fail now, with one line, on an unknown sink or a tracker whose package is missing; -> the sink names."
+    names = [s.strip() for s in (report_to or "none").split(",") if s.strip() and s.strip() != "none"]
+    for s in names:
+        if s not in METRIC_SINKS: raise ValueError(f"report_to: unknown sink {s!r} (none, {', '.join(METRIC_SINKS)})")
+        if importlib.util.find_spec(SINK_PACKAGES[s]) is None:
+            raise MissingExtra(f"report_to={s} needs the {SINK_PACKAGES[s]} package: pip install 'rlhf-nb[{s}]'")
+    return names
+
+def report_history(report_to, output_dir, history, config=None):
+    "Send a finished run's metric rows (each with a `step`) to the `report_to` trackers. -> rows sent"
+    sinks = metric_sinks(report_to, output_dir, config)
+    for row in history:
+        for s in sinks: s(row)
+    return len(history) if sinks else 0
 
 # %% ../nbs/01b_engine.ipynb #b105a7b0
 DEFAULT_PANELS = (("score/mean", "training score"), ("eval/accuracy", "held-out greedy accuracy"), ("kl/mean", "KL to reference"),

@@ -20,7 +20,7 @@ from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_tokenizer, load_value_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
-from .engine import fresh_output_dir, save_model_folder
+from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
@@ -727,6 +727,7 @@ class RMArgs:
     seed: int = option(0, "Seed.")
     dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
     data_dir: str = option("runs/data", "Where named datasets are prepared.")
+    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/01_rewards.ipynb #fb6854dd
 def _rm_pairs(a):
@@ -739,6 +740,7 @@ def run_reward_model(a):
     "Train the reward model of `a` (RMArgs) and save it to `a.output_dir`: -> {output_dir, steps, eval_pairwise_accuracy}."
     check_model_path(a.model_name_or_path)
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    check_report_to(a.report_to)
     train, evals = _rm_pairs(a)
     tok = load_tokenizer(a.model_name_or_path)
     model = load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok)
@@ -748,6 +750,7 @@ def run_reward_model(a):
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
                                               res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
+    report_history(a.report_to, out, hist, dataclasses.asdict(a))
     return res
 
 # %% ../nbs/01_rewards.ipynb #2eca59e4

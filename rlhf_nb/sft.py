@@ -18,7 +18,7 @@ from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_thr
 from .models import check_model_path, load_causal_lm, load_tokenizer
 from .engine import write_json_atomic
 from .rewards import compute_score
-from .engine import fresh_output_dir, save_model_folder
+from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'sft_warm_start',
@@ -247,12 +247,14 @@ class SFTArgs:
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
     dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
     data_dir: str = option("runs/data", "Where named datasets are prepared.")
+    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/00b_sft.ipynb #75f3e300
 def run_sft(a):
     "Fine-tune as `a` (SFTArgs) says and save model, tokenizer, metrics.jsonl, summary.json: -> {output_dir, steps, eval_accuracy}."
     check_model_path(a.model_name_or_path)
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir)
+    check_report_to(a.report_to)
     train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
     evals = load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
     tok, model = load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed)
@@ -263,6 +265,7 @@ def run_sft(a):
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"]}
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
                                               "eval_size": len(evals), "args": dataclasses.asdict(a)})
+    report_history(a.report_to, out, hist, dataclasses.asdict(a))
     return res
 
 # %% ../nbs/00b_sft.ipynb #f0a7c9a4

@@ -577,3 +577,21 @@ def test_yaml_config_cannot_run_code(run, tmp_path):
     (tmp_path / "evil.yaml").write_text(f'learning_rate: !!python/object/apply:os.system ["touch {marker}"]\n')
     one_line(*run("ppo", "--config", tmp_path / "evil.yaml", "--output_dir", tmp_path / "o"), "evil.yaml: not valid YAML")
     assert not marker.exists() and not (tmp_path / "o").exists()
+
+
+# --- TRL pipelines on the command line, shipped configs (issue 16) ----------------------------------------------
+
+@pytest.mark.parametrize("args,needles", [
+    (["trl", "dpo", "--beta", "x"], ["rlhf-nb trl", "argument --beta", "invalid float value: 'x'"]),
+    (["trl", "grpo", "--no_such_option", "1"], ["unknown option(s) for the GRPO pipeline", "--no_such_option"]),
+    (["trl", "nope"], ["unknown TRL pipeline 'nope'", "sft, dpo, grpo, rloo, reward, ppo"]),
+    (["trl", "ppo", "--stop_token", "period"], ["stop_token='period'", "eos only"]),
+    (["trl", "ppo", "--response_lenght", "8"], ["unknown option(s) --response_lenght"]),
+    (["config", "grpo_aritj"], ["config file not found: grpo_aritj", "shipped configs:", "grpo_arith"]),
+    (["grpo", "--config", "no_such.yaml"], ["config file not found: no_such.yaml", "shipped configs:"]),
+])
+def test_trl_and_config_bad_input_is_one_line(run, tmp_path, monkeypatch, args, needles):
+    monkeypatch.chdir(tmp_path)
+    rc, lines = run(*args)
+    one_line(rc, lines, *needles)
+    assert list(tmp_path.iterdir()) == []
