@@ -18,7 +18,7 @@ py_versions = '3.10 3.11 3.12 3.13'.split()
 
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
-# optional trackers, one extra each: pip install 'rlhf-nb[wandb]' (settings.ini: NAME_requirements = ...)
+# optional extras, one per integration: pip install 'rlhf-nb[ray]', 'rlhf-nb[wandb]' (settings.ini: NAME_requirements = ...)
 extras = {k[:-len('_requirements')]: shlex.split(v) for k, v in cfg.items()
           if k.endswith('_requirements') and k not in ('requirements', 'dev_requirements')}
 lic = licenses[cfg['license'].lower()]

@@ -49,8 +49,9 @@ class GRPOConfig(PPOConfig):
 
 # %% ../nbs/02b_grpo.ipynb #dff57850
 def rl_trainer_class(cfg):
-    "The trainer class `cfg` runs: `FastRLTrainer`, or the plain `RLTrainer` when `cfg.fast_paths` is False."
-    return FastRLTrainer if getattr(cfg, "fast_paths", True) else RLTrainer
+    "The trainer class `cfg` runs: `FastRLTrainer`, or the plain `RLTrainer` when `cfg.fast_paths` is False or the roles are on Ray."
+    ray = getattr(cfg, "placement", "colocate") == "ray"                 # Ray pools already run roles side by side
+    return FastRLTrainer if getattr(cfg, "fast_paths", True) and not ray else RLTrainer
 
 GroupRLTrainer = FastRLTrainer        # the old name of the GRPO trainer: group filtering is now a step of every trainer
 

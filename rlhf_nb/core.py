@@ -16,8 +16,8 @@ __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'L
            'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic', 'gae_advantages',
            'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage', 'discounted_returns',
            'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'register_policy_loss', 'get_policy_loss',
-           'dual_clip_policy_loss', 'actor_loss', 'aggregate_loss', 'grpo_policy_loss', 'informative_groups',
-           'eos_response_mask', 'forward_attention_mask']
+           'dual_clip_policy_loss', 'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss', 'aggregate_loss',
+           'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
@@ -283,7 +283,7 @@ def discounted_returns(token_level_rewards, response_mask, gamma=1.0):
 def reinforce_pp_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0, lam=1.0, **kw):
     "REINFORCE++: per-token discounted returns whitened over the batch. [B,R] -> ([B,R], [B,R])"
     returns = discounted_returns(token_level_rewards, response_mask, gamma)
-    return masked_whiten(returns, response_mask) * response_mask, returns
+    return (kw.get("whiten") or masked_whiten)(returns, response_mask) * response_mask, returns
 
 @register_adv_estimator("reinforce_plus_plus_baseline")
 def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, values=None, group_size=1, gamma=1.0,
@@ -291,7 +291,7 @@ def reinforce_pp_baseline_advantage(token_level_rewards, response_mask, *, value
     "REINFORCE++ with a group-mean baseline, then whitened over the batch. [B,R] -> ([B,R], [B,R])"
     centred = _broadcast(group_advantages(_outcome_scores(token_level_rewards, response_mask), group_size,
                                           norm_by_std=False), response_mask)
-    return masked_whiten(centred, response_mask) * response_mask, centred
+    return (kw.get("whiten") or masked_whiten)(centred, response_mask) * response_mask, centred
 
 # %% ../nbs/01a_core.ipynb #1725bd31
 POLICY_LOSSES = {}
@@ -315,6 +315,39 @@ def dual_clip_policy_loss(old_logprob, logprob, advantages, response_mask, clipr
     "Dual-clip PPO: `vanilla` with the bound $-c\\hat A$ on negative-advantage tokens (c = 3 unless given). [B,R] -> (loss, stats)"
     return policy_loss(old_logprob, logprob, advantages, response_mask, cliprange, cliprange_low, cliprange_high,
                        clip_ratio_c or 3.0, loss_agg_mode, norm_const)
+
+# %% ../nbs/01a_core.ipynb #3ce6a70c
+def _clip_bounds(cliprange, cliprange_low, cliprange_high):
+    "(low, high) clip widths: `cliprange` unless `cliprange_low/high` say otherwise."
+    return (cliprange if cliprange_low is None else cliprange_low), (cliprange if cliprange_high is None else cliprange_high)
+
+@register_policy_loss("gspo")
+def gspo_policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, cliprange_low=None,
+                     cliprange_high=None, clip_ratio_c=None, loss_agg_mode="seq-mean-token-mean", norm_const=None):
+    "GSPO: PPO's clip applied to each response's sequence-level ratio (geometric mean of its token ratios). [B,R] -> (loss, stats)"
+    lo, hi = _clip_bounds(cliprange, cliprange_low, cliprange_high)
+    mask = response_mask.to(logprob.dtype)
+    seq_log_ratio = masked_mean(logprob - old_logprob, mask, dim=-1).clamp(-20.0, 20.0)          # [B]
+    log_s = logprob - logprob.detach() + seq_log_ratio.detach().unsqueeze(-1)                   # value s_i, grad per token
+    s = torch.exp(log_s)
+    pg1, pg2 = -advantages * s, -advantages * s.clamp(1.0 - lo, 1.0 + hi)
+    stats = {"pg_clipfrac": masked_mean((pg2 > pg1).to(mask.dtype), mask),
+             "ppo_kl": masked_mean(0.5 * (logprob - old_logprob).detach() ** 2, mask)}
+    return agg_loss(torch.maximum(pg1, pg2), mask, loss_agg_mode, norm_const), {k: v.detach() for k, v in stats.items()}
+
+# %% ../nbs/01a_core.ipynb #bffe3417
+@register_policy_loss("cispo")
+def cispo_policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, cliprange_low=None,
+                      cliprange_high=None, clip_ratio_c=None, loss_agg_mode="token-mean", norm_const=None):
+    "CISPO: REINFORCE on every token, weighted by the clipped importance ratio with its gradient stopped. [B,R] -> (loss, stats)"
+    lo, hi = _clip_bounds(cliprange, cliprange_low, cliprange_high)
+    mask = response_mask.to(logprob.dtype)
+    log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio.detach())
+    weight = ratio.clamp(1.0 - lo, 1.0 + hi)                                                 # no gradient through it
+    stats = {"pg_clipfrac": masked_mean((weight != ratio).to(mask.dtype), mask),
+             "ppo_kl": masked_mean(0.5 * log_ratio.detach() ** 2, mask)}
+    return agg_loss(-advantages * weight * logprob, mask, loss_agg_mode, norm_const), stats
 
 # %% ../nbs/01a_core.ipynb #0122b01d
 def actor_loss(logprob, old_logprob, advantages, response_mask, *, policy_loss_fn="vanilla", ref_logprob=None,

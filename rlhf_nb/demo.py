@@ -104,10 +104,11 @@ def _reward_panel(ax, steps):
     ax.set(title="training reward (mean score)", xlabel="RL step")
 
 def _entropy_kl_panel(ax, steps):
-    "Policy entropy (left axis) and KL to the reference (right axis) per RL step."
+    "Policy entropy (left axis) and KL to the reference (right axis, symlog: a one-step spike leaves the rest readable) per RL step."
     for a_, key, c in ((ax, "actor/entropy", "tab:green"), (ax.twinx(), "kl/mean", "tab:red")):
         pts = [(r["step"], r[key]) for r in steps if key in r]
         if pts: a_.plot(*zip(*pts), c=c, lw=1)
+        if key == "kl/mean": a_.set_yscale("symlog", linthresh=1.0)   # one improbable token can lift the KL 100x for a step
         a_.set_ylabel(key, color=c, fontsize=9); a_.tick_params(axis="y", labelcolor=c)
     ax.set(title="policy entropy and KL to the reference", xlabel="RL step")
 

@@ -18,7 +18,7 @@ from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .engine import accelerate_cpu, process_state, gather_checksums, peak_memory
+from .engine import RunGuard, Interrupted, accelerate_cpu, process_state, gather_checksums, peak_memory
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_tokenizer, wrap_lora
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
@@ -411,8 +411,8 @@ def save(self: DPOTrainer, path=None):
 
 # %% ../nbs/03_dpo_grpo.ipynb #b3cca697
 @patch
-def fit(self: DPOTrainer):
-    "Train (or continue from `resume_from_checkpoint`); -> the logged rows (also in output_dir/metrics.jsonl)."
+def _fit(self: DPOTrainer):
+    "The loop of `fit`: steps until `total_steps`, `max_seconds` or a stop signal, with evaluation, metrics, checkpoints."
     c, acc = self.config, self.accelerator
     if c.resume_from_checkpoint and self.resumed_from is None: self.load_checkpoint(c.resume_from_checkpoint)
     if c.ref_strategy == "precompute" and "train" not in self.ref: self.prepare_reference()
@@ -434,10 +434,20 @@ def fit(self: DPOTrainer):
         if evaluating: row.update(self.evaluate())
         if last or not finite or self.step % c.logging_steps == 0 or (evaluating and (self.eval_encoded or self.eval_prompts)):
             self.run_log.log(row)
-        if c.save_steps and self.step % c.save_steps == 0 and finite: self.save_checkpoint()
+        saved = bool(c.save_steps and self.step % c.save_steps == 0 and finite)
+        if saved: self.save_checkpoint()
+        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
+            bar.close()
+            raise Interrupted(sig, self.step, Path(c.output_dir) / f"checkpoint-{self.step}" if saved else self.save_checkpoint())
         if out_of_time: break
     bar.close()
     return self.history
+
+# %% ../nbs/03_dpo_grpo.ipynb #33726674
+@patch
+def fit(self: DPOTrainer):
+    "Train (or continue from `resume_from_checkpoint`); -> the logged rows (also in output_dir/metrics.jsonl)."
+    with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
 
 # %% ../nbs/03_dpo_grpo.ipynb #cce0ca43
 def dpo_data(config, policy=None, tokenizer=None):

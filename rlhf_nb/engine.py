@@ -4,22 +4,25 @@
 
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
-import atexit, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, sys, tempfile, time, warnings
+import atexit, contextlib, errno, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import broadcast
+from fastcore.basics import patch
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'write_json_atomic', 'save_atomic',
-           'fresh_output_dir', 'save_model_folder', 'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra',
-           'require_extra', 'metric_sinks', 'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card',
-           'hub_api', 'push_to_hub', 'CarriageReturnLines', 'log_progress', 'rng_state', 'set_rng_state',
-           'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint',
-           'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu',
-           'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
-           'peak_memory', 'make_adamw']
+__all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
+           'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
+           'save_atomic', 'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics',
+           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'metric_sinks', 'RunLog', 'check_report_to',
+           'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
+           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
+           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
+           'Interrupted', 'StopSignals', 'RunGuard', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -29,13 +32,90 @@ def write_json_atomic(path, obj):
     tmp.write_text(json.dumps(obj, indent=1, default=str)); os.replace(tmp, path)
     return path
 
+# %% ../nbs/01b_engine.ipynb #545e4152
+FULL_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EFBIG: "a file reached the size limit (ulimit -f)"}
+_FULL_TEXT = {"os error 28": errno.ENOSPC, "No space left": errno.ENOSPC, "os error 122": errno.EDQUOT,
+              "os error 27": errno.EFBIG, "File too large": errno.EFBIG}
+
+def _free_bytes(path):
+    p = Path(path).absolute()
+    while not p.exists(): p = p.parent
+    return shutil.disk_usage(p).free
+
+def full_disk_errno(e, need=0, path="."):
+    "The errno (ENOSPC, EDQUOT, EFBIG) if exception `e` or one it came from is a write refused for space, else None."
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in FULL_ERRNOS: return e.errno
+        hit = next((n for t, n in _FULL_TEXT.items() if t in str(e)), None)
+        if hit: return hit
+        if "inline_container" in str(e):                                   # torch's zip writer hides the errno
+            if resource.getrlimit(resource.RLIMIT_FSIZE)[0] != resource.RLIM_INFINITY: return errno.EFBIG
+            if _free_bytes(path) < need: return errno.ENOSPC
+        e = e.__cause__ or e.__context__
+    return None
+
+# %% ../nbs/01b_engine.ipynb #e9f06a71
+def human_bytes(n):
+    "`n` bytes as a short string: 512 B, 3.4 KB, 12.0 MB, ..."
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024: return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+def folder_bytes(path):
+    "Bytes of the files under `path` (or of the file `path`; 0 if it does not exist)."
+    p = Path(path)
+    if p.is_file(): return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.is_dir() else 0
+
+class DiskFull(OSError):
+    "A write refused for lack of space (or a file-size limit): names the path and about how much free space it needs."
+    def __init__(self, path, need, code=errno.ENOSPC):
+        self.path, self.need = Path(path), int(need)
+        super().__init__(code, f"disk full writing {path} ({FULL_ERRNOS.get(code, 'no space')}): it needs about "
+                         f"{human_bytes(need)} free, {human_bytes(_free_bytes(path))} free now; what was written before it "
+                         "is intact: free space, then resume with --resume_from_checkpoint latest")
+    def __str__(self): return self.strerror
+
+# %% ../nbs/01b_engine.ipynb #efb8b637
+@contextlib.contextmanager
+def disk_guard(path, need=0, cleanup=None):
+    "Run a write of `path`; on a full disk call `cleanup()` and raise `DiskFull` (`need`: bytes, or a callable giving them)."
+    try: yield
+    except DiskFull: raise
+    except Exception as e:
+        n = need() if callable(need) else need
+        code = full_disk_errno(e, n, path)
+        if code is None: raise
+        if cleanup: cleanup()
+        raise DiskFull(path, max(n, 1), code) from None
+
+# %% ../nbs/01b_engine.ipynb #3f02c28a
+@contextlib.contextmanager
+def file_size_limit(nbytes):
+    "Lower this process's file-size limit (RLIMIT_FSIZE) to `nbytes` inside the block: a full disk, for tests."
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old[1]))
+    try: yield
+    finally: resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+# %% ../nbs/01b_engine.ipynb #a6f982f4
+def append_line(path, line):
+    "Append `line` to file `path`; on a full disk cut the file back to its old length (no half line) and raise DiskFull."
+    path = Path(path)
+    size = path.stat().st_size if path.exists() else 0
+    def cut():
+        if path.exists(): os.truncate(path, size)
+    with disk_guard(path, len(line.encode()), cut), open(path, "a") as f: f.write(line)
+
 # %% ../nbs/01b_engine.ipynb #82dcf725
 def save_atomic(out, write):
     "Call `write(tmp_folder)`, then rename the folder to `out` (replacing an old one); -> `out`."
     out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        write(tmp)
+        with disk_guard(out, lambda: folder_bytes(tmp)): write(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}"); os.replace(out, old); os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
@@ -61,12 +141,25 @@ def save_model_folder(out, model, tokenizer, history, summary):
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
     return save_atomic(out, write)
 
+# %% ../nbs/01b_engine.ipynb #38898340
+def parse_metrics_lines(text, path="metrics.jsonl"):
+    "Rows of metrics.jsonl `text`; a half-written last line is dropped with a warning, any other bad line is a ValueError."
+    lines = [(n, l) for n, l in enumerate(text.splitlines(), 1) if l.strip()]
+    rows = []
+    for k, (n, l) in enumerate(lines):
+        try: rows.append(json.loads(l))
+        except json.JSONDecodeError as e:
+            if k == len(lines) - 1 and not text.endswith("\n"):
+                warnings.warn(f"{path}: dropped a half-written last line (line {n}, {len(l)} characters): the run stopped while writing it")
+            else: raise ValueError(f"{path}: line {n} is not JSON ({e.msg}): {l[:60]!r}") from None
+    return rows
+
 # %% ../nbs/01b_engine.ipynb #8a9e2135
 def read_metrics(path):
     "Rows of a metrics.jsonl file (or of `path/metrics.jsonl` for a run folder)."
     p = Path(path); p = p / "metrics.jsonl" if p.is_dir() else p
     if not p.exists(): raise FileNotFoundError(f"no metrics file at {p}")
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()]
+    return parse_metrics_lines(p.read_text(), p)
 
 def open_metrics(output_dir, step=0, write=True):
     "Start `output_dir/metrics.jsonl`: empty for a new run, cut back to rows with step <= `step` on resume; -> rows kept."
@@ -146,7 +239,7 @@ class RunLog:
     def log(self, row):
         self.history.append(row)
         if not self.is_main: return
-        with open(self.output_dir / "metrics.jsonl", "a") as f: f.write(json.dumps(row) + "\n")
+        append_line(self.output_dir / "metrics.jsonl", json.dumps(row) + "\n")       # whole lines, even on a full disk
         for s in self.sinks: s(row)
 
 # %% ../nbs/01b_engine.ipynb #c81ed191
@@ -282,15 +375,17 @@ def list_checkpoints(output_dir):
 def write_checkpoint(output_dir, step, write, state, rank=0, barrier=lambda: None, save_total_limit=None, rng_extra=None):
     "Write `output_dir/checkpoint-{step}` atomically: `write(tmp)` on rank 0, RNG per rank, `state` last; -> the folder."
     out = Path(output_dir); final, tmp = out / f"checkpoint-{step}", out / f".tmp-checkpoint-{step}"
+    need = lambda: max([folder_bytes(tmp)] + [folder_bytes(p) for p in list_checkpoints(out)[-1:]])   # ~ the last one's size
+    guard = lambda: disk_guard(final, need, lambda: shutil.rmtree(tmp, ignore_errors=True))
     if rank == 0:
         if tmp.exists(): shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        write(tmp)
+        with guard(): write(tmp)
     barrier()
-    torch.save(rng_state(rng_extra), tmp / f"rng_state_{rank}.pt")
+    with guard(): torch.save(rng_state(rng_extra), tmp / f"rng_state_{rank}.pt")
     barrier()
     if rank == 0:
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1, default=str))   # last: marks it complete
+        with guard(): (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1, default=str))   # last: complete
         aside = out / f".old-checkpoint-{step}"
         if aside.exists(): shutil.rmtree(aside)
         if final.exists(): os.replace(final, aside)                     # never delete before the new one is in place
@@ -355,6 +450,10 @@ def load_weights(model, folder, root=None):
     if not files: raise FileNotFoundError(f"no *.safetensors weights in {folder}")
     sd = {}
     for f in files: sd.update(read_checked(f, lambda p: load_file(str(p)), root))
+    own = model.state_dict()
+    other = [(k, tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items() if k in own and v.shape != own[k].shape]
+    if other: raise ValueError(f"checkpoint {folder} is from a model of another shape: {other[0][0]} is {list(other[0][1])} there, "
+                               f"{list(other[0][2])} here ({len(other)} tensors differ); resume with the model it was written by")
     missing, unexpected = model.load_state_dict(sd, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     bad = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
@@ -441,6 +540,124 @@ def peak_memory():
     out = {"peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3)}
     if torch.cuda.is_available(): out["peak_gpu_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
     return out
+
+# %% ../nbs/01b_engine.ipynb #1acda352
+LOCK_NAME = ".rlhf_nb.lock"
+
+class OutputDirBusy(FileExistsError): "Another live run holds this output folder's lock."
+
+def _pid_alive(pid):
+    try: os.kill(pid, 0)
+    except ProcessLookupError: return False
+    except PermissionError: return True                                   # alive, another user's
+    return True
+
+def _read_lock(lock):
+    try: return json.loads(Path(lock).read_text())
+    except (OSError, ValueError): return None                              # gone, or still being written
+
+# %% ../nbs/01b_engine.ipynb #aae0f314
+def lock_output_dir(output_dir):
+    "Claim `output_dir` for this process (a lock file with PID, host, start); refuse a live run's, take over a dead one's."
+    out = Path(output_dir); out.mkdir(parents=True, exist_ok=True)
+    lock, host = out / LOCK_NAME, socket.gethostname()
+    me = {"pid": os.getpid(), "host": host, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    for attempt in range(50):
+        try: fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            held = _read_lock(lock)
+            if held is None and attempt < 10: time.sleep(0.05); continue    # its writer has not written it yet
+            held = held or {"pid": None, "host": host, "started": "?"}
+            if held.get("pid") == me["pid"] and held.get("host") == host: return lock      # ours already
+            if held.get("host") != host or (held.get("pid") and _pid_alive(held["pid"])):
+                where = "" if held.get("host") == host else f" on host {held.get('host')}"
+                raise OutputDirBusy(f"--output_dir {out} is in use by another run (PID {held.get('pid')}{where}, started "
+                                    f"{held.get('started')}): wait for it to end, or choose another --output_dir")
+            warnings.warn(f"--output_dir {out}: taking over the lock of run PID {held.get('pid')} (started "
+                          f"{held.get('started')}), which is no longer running")
+            with contextlib.suppress(FileNotFoundError): os.unlink(lock)
+            continue
+        with os.fdopen(fd, "w") as f: json.dump(me, f)
+        return lock
+    raise OutputDirBusy(f"--output_dir {out}: could not take its lock {lock}")
+
+def unlock_output_dir(output_dir):
+    "Remove `output_dir`'s lock if this process holds it."
+    lock, held = Path(output_dir) / LOCK_NAME, _read_lock(Path(output_dir) / LOCK_NAME)
+    if held and held.get("pid") == os.getpid(): lock.unlink(missing_ok=True)
+
+# %% ../nbs/01b_engine.ipynb #78ed7d69
+class Interrupted(RuntimeError):
+    "A run stopped by SIGTERM/SIGINT after writing a checkpoint; `exit_code` = 128 + the signal number."
+    def __init__(self, signum, step, checkpoint):
+        self.signum, self.exit_code, self.step, self.checkpoint = signum, 128 + signum, step, checkpoint
+        super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; checkpoint written to {checkpoint}: "
+                         "resume with --resume_from_checkpoint latest")
+
+# %% ../nbs/01b_engine.ipynb #9e3ddbcb
+class StopSignals:
+    "`with StopSignals() as stop:` SIGTERM/SIGINT set `stop.received` (a second one acts as usual); `stop.requested()`."
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT), quiet=False): self.signals, self.quiet, self.received = signals, quiet, None
+
+    def _handle(self, signum, frame):
+        if self.received == signum:                                        # the second time: what it does without us
+            signal.signal(signum, self.old.get(signum, signal.SIG_DFL))
+            if signum == signal.SIGINT: raise KeyboardInterrupt
+            os.kill(os.getpid(), signum); return
+        self.received = signum
+        if not self.quiet: print(f"rlhf-nb: {signal.Signals(signum).name} received: finishing this step, then writing a "
+                                 "checkpoint (send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        self.old = {}
+        if threading.current_thread() is threading.main_thread():
+            for s in self.signals: self.old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.old.items(): signal.signal(s, h)
+        self.old = {}
+
+# %% ../nbs/01b_engine.ipynb #1cad1aee
+@patch
+def requested(self: StopSignals, accelerator=None):
+    "The signal number received by this process, or by any process of `accelerator` (all ranks agree), else None."
+    n = self.received or 0
+    if accelerator is not None and accelerator.num_processes > 1:
+        import torch.distributed as dist
+        t = torch.tensor([n], device=accelerator.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX); n = int(t.item())
+    return n or None
+
+# %% ../nbs/01b_engine.ipynb #6cc25692
+class RunGuard:
+    "`with RunGuard(output_dir, accelerator) as stop:` the output folder locked (main process) and SIGTERM/SIGINT caught."
+    def __init__(self, output_dir, accelerator=None):
+        self.output_dir, self.acc, self.stop = Path(output_dir), accelerator, StopSignals()
+        self.main = accelerator is None or accelerator.is_main_process
+
+    def __enter__(self):
+        err = None
+        if self.main:
+            try: lock_output_dir(self.output_dir)
+            except OutputDirBusy as e: err = str(e)
+        if self.acc is not None and self.acc.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+            err = broadcast_object_list([err], from_process=0)[0]
+        if err: raise OutputDirBusy(err)
+        return self.stop.__enter__()
+
+    def __exit__(self, *exc):
+        self.stop.__exit__(*exc)
+        if self.main: unlock_output_dir(self.output_dir)
+
+# %% ../nbs/01b_engine.ipynb #3a5fad03
+def end_distributed():
+    "Destroy torch.distributed's default process group, if one is up (call on every rank, at the end); -> whether it was."
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()): return False
+    dist.destroy_process_group()
+    return True
 
 # %% ../nbs/01b_engine.ipynb #414f8bb3
 def make_adamw(params, lr, weight_decay=0.0):

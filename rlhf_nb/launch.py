@@ -16,12 +16,13 @@ from typing import Optional
 import yaml
 from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import (CorruptCheckpoint, ensure_cpu_distributed, list_checkpoints, log_progress, model_card, process_state,
-                            push_to_hub)
+from .engine import (CorruptCheckpoint, DiskFull, Interrupted, end_distributed, ensure_cpu_distributed, list_checkpoints,
+                            log_progress, model_card, process_state, push_to_hub)
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
+from .placement import WorkerLost
 from .ppo import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
@@ -33,7 +34,7 @@ __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS
            'write_accelerate_configs', 'check_accelerate_config', 'launch_command', 'launch_env', 'register_subcommand',
            'main', 'LaunchArgs', 'register_algorithm', 'final_model_folder', 'push_run', 'check_output_dir',
            'parse_train_args', 'train_main', 'relaunch', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main',
-           'config_main']
+           'config_main', 'health_main']
 
 # %% ../nbs/04_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -191,7 +192,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError)
+                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull)
 
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
@@ -211,10 +212,16 @@ def main(argv=None):
     try:
         wants_launcher = any(a == "--accelerate_config" or a.startswith("--accelerate_config=") for a in rest)
         if wants_launcher and not any(a in ("-h", "--help") for a in rest): return relaunch(name, rest)
-        return _resolve(SUBCOMMANDS[name][0])(rest) or 0
+        status = _resolve(SUBCOMMANDS[name][0])(rest) or 0
+        end_distributed()                                               # before exit, or gloo may abort it (SIGABRT)
+        return status
     except SystemExit as e:                                               # argparse's --help
         if e.code in (0, None): return 0
         raise
+    except Interrupted as e:                                              # SIGTERM/SIGINT: checkpoint written
+        end_distributed()
+        print(f"{_rank_prefix()}rlhf-nb {name}: {e}", file=sys.stderr)
+        return e.exit_code
     except EXPECTED_ERRORS as e:
         if os.environ.get("RLHF_NB_DEBUG"): raise
         msg = str(e).strip().strip('"').splitlines()[0] if str(e).strip() else type(e).__name__
@@ -385,6 +392,22 @@ def config_main(argv=None):
     print(f"rlhf-nb config: wrote {out}", file=sys.stderr); return 0
 
 register_subcommand("config", config_main, "list, print or copy the YAML configs shipped with the package")
+
+# %% ../nbs/04_launch.ipynb #644e46cb
+from .health import save_health, format_warnings
+
+def health_main(argv=None):
+    "`rlhf-nb health RUN_DIR [--output_dir DIR]`: dashboard PNG + JSON of a run (rlhf_nb.health), warnings printed."
+    import argparse
+    ap = argparse.ArgumentParser(prog="rlhf-nb health", description="Health dashboard of an RL run folder: health.png, health.json, warnings.")
+    ap.add_argument("run_dir", help="a run folder holding metrics.jsonl (and samples.jsonl)")
+    ap.add_argument("--output_dir", default=None, help="where to write health.png/health.json (default: the run folder)")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    rep = save_health(a.run_dir, a.output_dir)
+    for line in format_warnings(rep): print(line)
+    print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
+
+register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
 
 # %% ../nbs/04_launch.ipynb #65488dc8
 _MOVED_TO_BENCH = ("rl_throughput", "ParityReward", "QWEN25_05B_SHAPE", "DRY_SHAPE", "PEAK_BF16_TFLOPS")

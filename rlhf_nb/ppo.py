@@ -19,13 +19,14 @@ from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics)
+                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
 from .data import RLHFDataset, load_split, held_out_spec
 from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model)
 from .rewards import RewardManager
 from .sft import greedy_accuracy, sft_warm_start
 from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
+from .placement import PlacementArgs, check_placement, make_placement
 
 # %% auto #0
 __all__ = ['DEFAULT_ROLE_WORKERS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig',
@@ -89,7 +90,7 @@ class ObjectiveArgs:
     lam: float = option(0.95, "GAE lambda.")
     whiten_advantages: bool = option(True, "Standardise advantages over the valid tokens of the batch.")
     whiten_rewards: bool = option(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
-    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate) or dual_clip.")
+    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate), dual_clip, gspo (sequence-level ratio) or cispo (clipped weights).")
     cliprange: float = option(0.2, "PPO ratio clip epsilon.")
     cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).")
     cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
@@ -135,7 +136,7 @@ class LoopArgs:
 
 # %% ../nbs/02_ppo.ipynb #91c8acca
 @dataclass
-class PPOConfig(LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, ModelDataArgs):
+class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         if self.ref_strategy == "peft" and not self.use_peft:
@@ -152,6 +153,7 @@ class PPOConfig(LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, ModelDataArgs):
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
         get_policy_loss(self.policy_loss)
+        check_placement(self)                                                # pools, roles, Ray installed: before anything starts
 
     @property
     def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations
@@ -163,10 +165,11 @@ DEFAULT_ROLE_WORKERS = {Role.ActorRollout: ActorRolloutWorker, Role.Critic: Crit
 class RLTrainer:
     "PPO-family trainer: a single controller that reaches each capability through its role's worker; `init_workers()` then `fit()`."
     def __init__(self, config, policy=None, tokenizer=None, train_dataset=None, eval_dataset=None, reward_manager=None,
-                 value_model=None, role_worker_mapping=None):
+                 value_model=None, role_worker_mapping=None, resource_pool_manager=None, reward_fn=None, val_reward_fn=None):
         self.config = config
         self.policy, self.tokenizer, self.value_model = policy, tokenizer, value_model
-        self.train_dataset, self.eval_dataset, self.reward_manager = train_dataset, eval_dataset, reward_manager
+        self.train_dataset, self.eval_dataset, self.reward_manager = train_dataset, eval_dataset, reward_manager or reward_fn
+        self.resource_pool_manager, self.reward_fn, self.val_reward_fn = resource_pool_manager, reward_fn, val_reward_fn
         self.role_worker_mapping = {**DEFAULT_ROLE_WORKERS, **(role_worker_mapping or {})}
         self.workers, self.run_log = {}, None
         self.global_step, self.sampler_state = 0, {"epoch": 0, "offset": 0}
@@ -191,9 +194,10 @@ def init_workers(self: RLTrainer):
     get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
     self.critic_mode = resolve_critic(cfg)
     self.accelerator = Accelerator(cpu=accelerate_cpu(), mixed_precision="bf16" if cfg.bf16 else "no")
-    self.rank, self.world = self.accelerator.process_index, self.accelerator.num_processes
+    self.placement = make_placement(cfg, self.resource_pool_manager, self.critic_mode, cfg.ref_strategy != "none")
+    self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
     set_seed(cfg.seed)
-    self._load_policy(); self._load_data(); self._build_workers()
+    self._load_policy(); self._load_data(); self.placement.build_workers(self)
     self.kl_ctl = get_kl_controller(cfg.kl_coef, cfg.adaptive_kl, cfg.kl_target, cfg.kl_horizon)
     torch.manual_seed(cfg.seed + 1000 * self.rank)                       # sampling differs across ranks
     self._shuffle_seed, self._initialised = cfg.seed, True
@@ -249,21 +253,26 @@ def _load_data(self: RLTrainer):
 def _build_workers(self: RLTrainer):
     "One worker per role from `role_worker_mapping`: critic (before any LoRA wrap), actor/rollout, reference, reward."
     cfg, acc, make = self.config, self.accelerator, self.role_worker_mapping
+    hosted = getattr(self, "hosted_roles", None)                         # a Ray worker builds only the roles of its pool
+    want = lambda role: hosted is None or role in hosted
     self.workers = {}
-    if self.critic_mode == "separate":
+    if self.critic_mode == "separate" and want(Role.Critic):
         if self.value_model is None:
             base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
             self.value_model = (load_value_model(cfg.value_model_name_or_path) if cfg.value_model_name_or_path
                                 else value_model_from_policy(base))
         self.workers[Role.Critic] = make[Role.Critic](self.value_model, cfg, acc)
-    if cfg.use_peft and not is_peft_model(self.policy):
-        self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-    actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
-    self.workers[Role.ActorRollout] = actor
-    self.reference = Reference(actor.policy, cfg.ref_strategy)           # from the unwrapped, broadcast policy
-    if self.reference.active: self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
+    if want(Role.ActorRollout):
+        if cfg.use_peft and not is_peft_model(self.policy):
+            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
+        self.workers[Role.ActorRollout] = actor
+        self.reference = Reference(actor.policy, cfg.ref_strategy)       # from the unwrapped, broadcast policy
+        if self.reference.active and want(Role.RefPolicy): self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
     self.reward_manager = self.reward_manager or RewardManager(self.tokenizer)
-    self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
+    self.reward_fn = self.reward_fn or self.reward_manager               # verl's names: training reward, validation reward
+    self.val_reward_fn = self.val_reward_fn or self.reward_fn
+    if want(Role.RewardModel): self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
 
 # %% ../nbs/02_ppo.ipynb #d9542120
 @patch(as_prop=True)
@@ -370,7 +379,7 @@ def compute_advantages(self: RLTrainer, data):
     rewards = data["token_level_rewards"]
     if cfg.whiten_rewards: rewards = self._whiten(rewards, mask, shift_mean=False) * mask
     adv, ret = get_adv_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
-                                                    gamma=cfg.gamma, lam=cfg.lam)
+                                                    gamma=cfg.gamma, lam=cfg.lam, whiten=self._whiten)
     if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
     data["advantages"], data["returns"] = adv, ret
     return data
@@ -560,6 +569,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
 @patch
 def step(self: RLTrainer):
     "One RL step: rollout → rewards → (group filter) → log-probs and values → advantages → update. -> metrics"
+    if self.placement.remote: return self.placement.step(self)          # the same list, each role on its Ray pool
     t0 = time.perf_counter()
     data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
     data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
@@ -572,12 +582,26 @@ def step(self: RLTrainer):
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
+    self.record_samples(data)
     return m
+
+# %% ../nbs/02_ppo.ipynb #9ac59df2
+from .health import step_samples, append_samples
+
+@patch
+def record_samples(self: RLTrainer, data, n=4):
+    "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process only)."
+    if not self.accelerator.is_main_process: return
+    kl = data.get("kl")
+    if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
+    tok = self.tokenizer
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+    append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch
-def fit(self: RLTrainer):
-    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+def _fit(self: RLTrainer):
+    "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal), evaluation, metrics, checkpoints."
     if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
@@ -599,10 +623,20 @@ def fit(self: RLTrainer):
         want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
         saved = want_save and not guard.streak                          # a save due in a NaN streak waits for a clean step
         if saved: self.save_checkpoint(); want_save = False
+        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
+            bar.close()
+            raise Interrupted(sig, self.global_step, Path(cfg.output_dir) / f"checkpoint-{self.global_step}" if saved else self.save_checkpoint())
         if out_of_time: break
     bar.close()
     if cfg.save_final and not saved and not guard.streak: self.save_checkpoint()
     return self.history
+
+# %% ../nbs/02_ppo.ipynb #fa3e4f45
+@patch
+def fit(self: RLTrainer):
+    "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
+    if not self._initialised: self.init_workers()
+    with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
 
 # %% ../nbs/02_ppo.ipynb #00d4282c
 def ppo_main(argv=None):

@@ -28,9 +28,9 @@ __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VE
            'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
            'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'ends_with_answer_reward',
            'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
-           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'completion_text', 'trl_reward_func',
-           'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy', 'train_reward_model',
-           'RMArgs', 'run_reward_model', 'reward_playground']
+           'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast', 'call_with_timeout', 'completion_text',
+           'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss', 'make_arith_pairs', 'pairwise_accuracy',
+           'train_reward_model', 'RMArgs', 'run_reward_model', 'reward_playground']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -500,6 +500,22 @@ def _fail(self: RewardManager, i, ds, msg, failures):
     failures.append((i, ds, msg))
     if len(failures) <= self.log_failures: logger.warning(f"reward failed for row {i} (data_source={ds!r}): {msg}; scored {self.fail_score}")
 
+# %% ../nbs/01_rewards.ipynb #82e41f8d
+RewardManager.score_timeout = 30.0            # seconds one reward call may take before it scores fail_score (None: no limit)
+
+def call_with_timeout(fn, args, seconds):
+    "`fn(*args)`, or `RewardTimeout` once `seconds` pass (a SIGALRM timer on the main thread, else a helper thread)."
+    if seconds is None: return fn(*args)
+    if _can_alarm(): return _VERIFY_NS["call_with_alarm"](fn, args, seconds)
+    box = {}
+    def run():
+        try: box["ok"] = fn(*args)
+        except BaseException as e: box["err"] = e
+    t = threading.Thread(target=run, daemon=True, name="reward-call"); t.start(); t.join(seconds)
+    if t.is_alive(): raise RewardTimeout(f"took longer than {seconds}s")
+    if "err" in box: raise box["err"]
+    return box["ok"]
+
 # %% ../nbs/01_rewards.ipynb #80477132
 @patch
 def score_rules(self: RewardManager, texts, data_sources, reward_fields, extra_infos, rows):
@@ -508,16 +524,18 @@ def score_rules(self: RewardManager, texts, data_sources, reward_fields, extra_i
     for i in rows:
         ds = data_sources[i]
         try:
-            s = self.compute_score(ds, texts[i], reward_fields[i].get("ground_truth"), extra_infos[i])
+            s = call_with_timeout(self.compute_score, (ds, texts[i], reward_fields[i].get("ground_truth"), extra_infos[i]),
+                                  self.score_timeout)
             if isinstance(s, dict):
                 for k, v in s.items():
                     if k != "score" and isinstance(v, (int, float, bool)): extra[k].append(float(v))
                 s = s.get("score")
             if s is None: raise ValueError("reward function returned None")
+            if isinstance(s, (str, bytes)): raise TypeError(f"reward function returned a {type(s).__name__} ({s[:40]!r}), not a number")
             s = float(s)
             if not math.isfinite(s): raise ValueError(f"reward function returned {s}")
             scores[i] = s
-        except Exception as e:
+        except (Exception, RewardTimeout) as e:
             self._fail(i, ds, f"{type(e).__name__}: {e}", failures); scores[i] = self.fail_score
     return scores, failures, extra
 
@@ -536,7 +554,10 @@ def score_models(self: RewardManager, batch, texts, rows):
         prompts = [messages_from_prompt_text(t, self.tokenizer) for t in ptxt]
     else: raise KeyError("model rewards need the batch's 'prompts' (+ 'prompt_mask') or 'raw_prompt'")
     s, info = self.model_reward(prompts, [texts[i] for i in rows])
-    return {i: float(v) for i, v in zip(rows, s.tolist())}, len(info["truncated"])
+    self.model_failures = []                                                  # NaN/inf from the model: fail_score, logged
+    for i, v in zip(rows, s.tolist()):
+        if not math.isfinite(v): self._fail(i, batch["data_source"][i], f"reward model returned {v}", self.model_failures)
+    return {i: float(v) if math.isfinite(v) else self.fail_score for i, v in zip(rows, s.tolist())}, len(info["truncated"])
 
 # %% ../nbs/01_rewards.ipynb #d37e62c9
 @patch
@@ -559,6 +580,7 @@ def __call__(self: RewardManager, batch):
         if unknown: raise UnknownRewardError(f"RewardManager: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
     scores, failures, extra = self.score_rules(texts, sources, fields, extras, rule_rows)
     ms, n_trunc = self.score_models(batch, texts, model_rows)
+    failures += getattr(self, "model_failures", []) if model_rows else []
     scores.update(ms)
     dev = responses.device
     score_t = torch.tensor([scores[i] for i in range(B)], dtype=torch.float32, device=dev)   # [B]
@@ -569,7 +591,8 @@ def __call__(self: RewardManager, batch):
     self.total_failures += len(failures); self.last_failures = failures
     if len(failures) > self.log_failures: logger.warning(f"{len(failures)} reward failures in this batch of {B} (first {self.log_failures} shown)")
     metrics = {"reward/mean": score_t.mean().item(), "reward/min": score_t.min().item(), "reward/max": score_t.max().item(),
-               "reward/failures": len(failures), "reward/empty_responses": int((last < 0).sum()),
+               "reward/failures": len(failures), "reward/timeouts": sum(msg.startswith("RewardTimeout") for _, _, msg in failures),
+               "reward/empty_responses": int((last < 0).sum()),
                "reward/model_truncated": n_trunc, "response_length/mean": m.sum(1).float().mean().item(),
                "reward/math_verify_timeouts": MATH_VERIFY_STATS["timeout"] + MATH_VERIFY_STATS["killed"] - mv0}
     by_src = defaultdict(list)

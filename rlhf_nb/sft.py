@@ -21,8 +21,8 @@ from .rewards import compute_score
 from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder
 
 # %% auto #0
-__all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'sft_warm_start',
-           'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
+__all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
+           'stale_settings', 'sft_warm_start', 'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
 
 # %% ../nbs/00b_sft.ipynb #7dfe2fad
 def encode_sft_row(tokenizer, row):
@@ -176,8 +176,11 @@ def _save_warm_start(out, model, tok, info):
     try:
         model.save_pretrained(tmp); tok.save_pretrained(tmp)
         (tmp / SFT_INFO).write_text(json.dumps(info, indent=1))
-        if out.exists(): out.rmdir()  # an empty folder (checked above) may be replaced
+        aside = out.parent / f".{out.name}.stale-{uuid.uuid4().hex[:8]}"
+        if _is_warm_start(out): os.replace(out, aside)  # a stale cache being rebuilt: replaced, never half-written
+        elif out.exists(): out.rmdir()  # an empty folder (checked above) may be replaced
         os.replace(tmp, out)
+        shutil.rmtree(aside, ignore_errors=True)
     except OSError:
         if _is_warm_start(out): return str(out)  # another process finished first: use its checkpoint
         raise
@@ -185,19 +188,29 @@ def _save_warm_start(out, model, tok, info):
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return str(out)
 
+# %% ../nbs/00b_sft.ipynb #66f8f926
+def warm_start_settings(kw):
+    "The settings that shape a warm start, as JSON would give them back (tuples become lists, `None` model_kw -> {})."
+    return json.loads(json.dumps({**kw, "model_kw": kw.get("model_kw") or {}}, sort_keys=True, default=str))
+
+def stale_settings(saved, asked):
+    "'' when the `saved` settings (a cache's) equal the `asked` ones, else what changed: 'learning_rate 0.003 -> 0.001, ...'."
+    if saved is None: return "no settings recorded"
+    keys = sorted(set(saved) | set(asked))
+    return ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in keys if saved.get(k) != asked.get(k))
+
 # %% ../nbs/00b_sft.ipynb #bd695ffc
 def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_train=5000, n_eval=300, n_final_eval=500,
                    learning_rate=3e-3, batch_size=128, max_steps=2000, eval_steps=25, warmup_steps=50,
                    lr_scheduler_type="constant", weight_decay=0.0, model_kw=None, progress=True, **arith_kw) -> str:
     "Path of a saved tiny policy + tokenizer SFT-trained on `make_arith` to `target_accuracy` (reused if already there)."
+    settings = warm_start_settings({k: v for k, v in locals().items() if k not in ("output_dir", "progress")})
     out = Path(output_dir).expanduser().resolve()
     if _is_warm_start(out):
-        saved = json.loads((out / SFT_INFO).read_text())
-        asked = dict(seed=seed, target_accuracy=target_accuracy, arith_kw=arith_kw)
-        diff = {k: (saved.get(k), v) for k, v in asked.items() if saved.get(k) != v}
-        if diff: warnings.warn(f"sft_warm_start: reusing {out}, trained with different settings (saved, asked): {diff}")
-        return str(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        stale = stale_settings(json.loads((out / SFT_INFO).read_text()).get("settings"), settings)
+        if not stale: return str(out)
+        warnings.warn(f"sft_warm_start: rebuilding {out}: it was trained with other settings ({stale})")
+    elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"sft_warm_start: {out} exists and is not a warm start (no {SFT_INFO}); choose another output_dir")
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, seed=seed, **(model_kw or {}))
@@ -218,7 +231,7 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
                 final_accuracy=final, n_final_eval=len(final_rows), n_train=n_train, n_eval=n_eval,
                 learning_rate=learning_rate, batch_size=batch_size, warmup_steps=warmup_steps,
                 lr_scheduler_type=lr_scheduler_type, weight_decay=weight_decay, model_kw=model_kw or {},
-                arith_kw=arith_kw, torch_threads=torch.get_num_threads(),
+                arith_kw=arith_kw, torch_threads=torch.get_num_threads(), settings=settings,
                 evals=[{k: h[k] for k in ("step", "loss", "eval_accuracy", "seconds")} for h in evals])
     if not reached:
         warnings.warn(f"sft_warm_start: stopped at step {info['steps']} ({train_seconds:.0f}s) with held-out accuracy "

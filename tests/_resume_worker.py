@@ -1,6 +1,6 @@
 """Run `rlhf-nb ARGS...` (the CLI's own `rlhf_nb.launch.main`) in this process, for the kill-and-resume tests.
 
-    python tests/_resume_worker.py [--kill_at_save STEP --kill_point mid|rename] -- ppo --output_dir D ...
+    python tests/_resume_worker.py [--kill_at_save STEP --kill_point mid|rename] [--step_sleep S] -- ppo --output_dir D ...
 
 Two things differ from the plain console script, both so that a tiny run says something:
 - the reward of data_source "arith" is replaced by a dense one (the fraction of characters with an even code point),
@@ -8,7 +8,9 @@ Two things differ from the plain console script, both so that a tiny run says so
   for every sample of a random model, and a resume test on all-zero metrics would prove nothing);
 - `--kill_at_save STEP` sends this process SIGKILL in the middle of writing checkpoint STEP: `mid` = at the first
   `torch.save` into that checkpoint's folder (the weights are written, the optimizer state is not), `rename` = when
-  the finished temporary folder is about to be renamed to `checkpoint-STEP`.
+  the finished temporary folder is about to be renamed to `checkpoint-STEP`;
+- `--signal_at_log STEP --signal TERM|INT|KILL` sends this process that signal right after the metrics row of step
+  STEP is written (a real signal, delivered in the middle of that step's bookkeeping, before its checkpoint).
 """
 import os, re, signal, sys
 from pathlib import Path
@@ -43,19 +45,44 @@ def arm_kill(step, point):
     else: raise SystemExit(f"--kill_point must be mid or rename, not {point!r}")
 
 
+def slow_steps(seconds):
+    "Sleep after every RL step, so a test can act (kill a Ray worker) while the run is surely still going."
+    import time
+    from rlhf_nb.ppo import RLTrainer
+    step = RLTrainer.step
+    def slow(self):
+        m = step(self); time.sleep(seconds); return m
+    RLTrainer.step = slow
+
+
+def arm_signal(step, name):
+    "Send this process SIG`name` just after the metrics row of step `step` is written."
+    from rlhf_nb.engine import RunLog
+    log = RunLog.log
+    def signalling_log(self, row):
+        log(self, row)
+        if row.get("step") == step: os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+    RunLog.log = signalling_log
+
+
 def main(argv):
-    kill_at, point = None, "mid"
+    kill_at, point, sig_at, sig, step_sleep = None, "mid", None, "TERM", 0.0
     if "--" in argv:
         i = argv.index("--"); opts, argv = argv[:i], argv[i + 1:]
         for k, v in zip(opts[::2], opts[1::2]):
             if k == "--kill_at_save": kill_at = int(v)
             elif k == "--kill_point": point = v
+            elif k == "--step_sleep": step_sleep = float(v)
+            elif k == "--signal_at_log": sig_at = int(v)
+            elif k == "--signal": sig = v
             else: raise SystemExit(f"unknown worker option {k}")
     import torch
     torch.set_num_threads(1)
     from rlhf_nb.rewards import register_reward
     register_reward("arith")(dense_arith_reward)
     if kill_at is not None: arm_kill(kill_at, point)
+    if step_sleep: slow_steps(step_sleep)
+    if sig_at is not None: arm_signal(sig_at, sig)
     from rlhf_nb.launch import main as cli
     return cli(argv)
 

@@ -110,6 +110,17 @@ def test_dpo_batch_size_zero(run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_unknown_policy_loss_lists_the_registered_ones(run, tmp_path):
+    one_line(*run("grpo", "--policy_loss", "gpso", "--output_dir", tmp_path / "out", *TINY),
+             "unknown policy loss 'gpso'", "cispo, dual_clip, gspo, vanilla")
+    assert not (tmp_path / "out").exists()
+
+
+def test_health_of_a_folder_without_metrics(run, tmp_path):
+    one_line(*run("health", tmp_path / "nothing"), "rlhf-nb health: error:", "no metrics file at")
+    assert not (tmp_path / "nothing" / "health.png").exists()
+
+
 def test_grpo_needs_a_group(run, tmp_path):
     one_line(*run("grpo", "--output_dir", tmp_path / "out", *TINY, "--num_generations", 1),
              "adv_estimator 'grpo' compares completions of one prompt: num_generations must be >= 2")
@@ -595,3 +606,30 @@ def test_trl_and_config_bad_input_is_one_line(run, tmp_path, monkeypatch, args, 
     rc, lines = run(*args)
     one_line(rc, lines, *needles)
     assert list(tmp_path.iterdir()) == []
+
+# === placement (roles on resource pools) =============================================================================
+
+RAY = ["--placement", "ray"]
+PLACEMENT_CASES = [
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "Critc=a"], "unknown role 'Critc' in role_pools; roles: ActorRollout"),
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "ActorRolloutRef=b"], "role ActorRolloutRef is placed on unknown pool 'b'"),
+    ("ppo", RAY + ["--resource_pools", "a=1", "--role_pools", "ActorRolloutRef=a,RefPolicy=a"], "role RefPolicy is placed twice"),
+    ("ppo", RAY + ["--resource_pools", "a=0", "--role_pools", "ActorRollout=a"], "pool 'a' has 0 workers"),
+    ("ppo", RAY + ["--resource_pools", "a=2,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"], "pool too small for its roles"),
+    ("grpo", RAY + ["--num_generations", 2, "--resource_pools", "a=1,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"],
+     "places Critic on 'c' but this run has no Critic"),
+    ("ppo", ["--resource_pools", "a=1,c=1", "--role_pools", "ActorRolloutRef=a,Critic=c"], "needs placement: ray"),
+    ("ppo", RAY + ["--fsdp", "on"], "fsdp: on needs placement: accelerate"),
+    ("ppo", RAY + ["--resource_pools", "actor_pool"], "resource_pools: expected a mapping"),
+]
+@pytest.mark.parametrize("algo,args,needle", PLACEMENT_CASES)
+def test_bad_placement(run, tmp_path, algo, args, needle):
+    one_line(*run(algo, "--output_dir", tmp_path / "o", *TINY, *args), needle)
+    assert not (tmp_path / "o").exists()                                # refused before anything started
+
+
+def test_placement_ray_without_ray(run, tmp_path, monkeypatch):
+    import importlib.util
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ray" else find(name, *a))
+    one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--placement", "ray"), "pip install 'rlhf-nb[ray]'")

@@ -123,7 +123,7 @@ def test_grpo_ppo_cli_and_chain_to_eval_and_plot(tmp_path):
     s = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert (s["steps"], s["world_size"], s["ranks_identical"], s["algo"]) == (2, 1, True, "grpo")   # CLI beat the YAML
     assert s["final"]["kl_coef"] == GRPOConfig().kl_coef and "critic/vf_loss" not in s["final"]
-    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["checkpoint-2", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "g").iterdir()) == ["checkpoint-2", "metrics.jsonl", "samples.jsonl", "summary.json"]
     r = rlhf_nb("ppo", "--max_steps", "1", "--output_dir", "p", *TINY_RL, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     s = json.loads((tmp_path / "p" / "summary.json").read_text())
@@ -181,5 +181,5 @@ def test_demo_hub_code_path_offline(tmp_path):
     assert "no SFT stage" in r.stderr and "data: prepared gsm8k" in r.stderr
     s = json.loads((tmp_path / "demo" / "summary.json").read_text())
     assert s["rl_config"]["learning_rate"] == 1e-6 and s["rl_steps"] == 1 and s["dataset"].endswith("gsm8k")
-    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["curves.png", "metrics.jsonl", "model", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "demo").iterdir()) == ["curves.png", "metrics.jsonl", "model", "samples.jsonl", "summary.json"]
     assert (tmp_path / "runs" / "data" / "gsm8k" / "train.parquet").exists()

@@ -118,7 +118,7 @@ def test_grpo_two_processes(tmp_path):
     # one writer: 3 metric lines (not 6), checkpoints written once (+ one RNG state per rank), a summary
     out = tmp_path / "out2"
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-3", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "checkpoint-3", "metrics.jsonl", "samples.jsonl", "summary.json"]
     assert sorted(p.name for p in (out / "checkpoint-3").iterdir()) == ["optimizer.pt", "policy", "rng_state_0.pt",
                                                                           "rng_state_1.pt", "trainer_state.json"]
     s = json.loads((out / "summary.json").read_text())
@@ -148,7 +148,7 @@ def test_ppo_two_processes(tmp_path):
     r2, two, p2 = run_worker(tmp_path / "rec2", ppo_args("out2", 4, src), 2)
     check_two_ranks(two, p2, n_per_rank=4)
     out = tmp_path / "out2"
-    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl", "samples.jsonl", "summary.json"]
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 3
     _, one, p1 = run_worker(tmp_path / "rec1", ppo_args("out1", 8, src), 1)
     # the vectors hold actor and critic weights: both must match

@@ -75,4 +75,4 @@ def test_core_alone_registers_every_estimator_and_loss():
     assert r.returncode == 0, r.stderr[-2000:]
     est, losses = r.stdout.strip().split("] [")
     for name in ("gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"): assert f"'{name}'" in est
-    for name in ("vanilla", "dual_clip"): assert f"'{name}'" in losses
+    for name in ("vanilla", "dual_clip", "gspo", "cispo"): assert f"'{name}'" in losses

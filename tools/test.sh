@@ -18,6 +18,18 @@ if [ "$before" != "$after" ]; then
   exit 1
 fi
 echo "== nbdev_test (notebook cells are the tests; slow and gpu cells skipped)"
-nbdev_test --n_workers 2 --timing
+nb_log=$(mktemp)
+nbdev_test --n_workers 2 --timing 2>&1 | tee "$nb_log"
+python tools/notebook_budget.py "$nb_log"
+rm -f "$nb_log"
+echo "== headless browser for tests/test_docs_site.py (Debian's chromium and chromium-driver)"
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+      || echo "WARNING: installing chromium failed: tests/test_docs_site.py will SKIP its browser check"
+  else
+    echo "WARNING: chromium/chromedriver missing and not root: tests/test_docs_site.py will SKIP its browser check"
+  fi
+fi
 echo "== pytest tests/"
 python -m pytest tests/ -q -p no:cacheprovider

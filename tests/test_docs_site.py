@@ -1,0 +1,81 @@
+"""The documentation site (tools/build_docs.py) in a real headless browser: every page loads without console errors,
+its images and plots are drawn, and every internal link points to a page and an anchor that exist.
+
+Chromium and its driver come from Debian's packages (`apt-get install chromium chromium-driver`); tools/test.sh
+installs them when they are missing and it runs as root. Without them this test is skipped with the reason."""
+import re, shutil, subprocess, sys
+from pathlib import Path
+from urllib.parse import urlparse, unquote
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp("site")
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--out", str(out), "--execute", "05_loss_zoo"],
+                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return out
+
+
+def test_every_notebook_has_a_page_and_nothing_comes_from_the_network(site):
+    pages = {p.stem for p in site.glob("*.html")}
+    assert pages == {p.stem for p in (ROOT / "nbs").glob("*.ipynb")} | {"api"}
+    for p in site.glob("*.html"):
+        text = p.read_text()
+        assert not re.search(r"""(src|href)=["']https?://""", text), f"{p.name} loads something from the network"
+        assert "#| export" not in text, f"{p.name} shows nbdev directives"
+    assert "<math" in (site / "05_loss_zoo.html").read_text()                     # LaTeX became MathML
+    assert 'href="01a_core.html#gspo_policy_loss"' in (site / "api.html").read_text()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("NO BROWSER: chromium and chromedriver are not installed (apt-get install chromium chromium-driver; "
+                    "tools/test.sh does it when run as root) -- the docs site was not checked in a browser")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--allow-file-access-from-files"):
+        opts.add_argument(a)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield drv
+    drv.quit()
+
+
+PAGE_STATE = """return {ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
+  links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+  images: document.images.length,
+  broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80)),
+  nav: document.querySelectorAll('nav.site a').length, ready: document.readyState}"""
+
+
+def test_pages_load_clean_in_chromium(site, browser):
+    state, errors = {}, []
+    for page in sorted(site.glob("*.html")):
+        browser.get(page.as_uri())
+        st = browser.execute_script(PAGE_STATE)
+        logs = [l for l in browser.get_log("browser") if l["level"] in ("SEVERE", "ERROR")]
+        errors += [f"{page.name}: {l['message'][:200]}" for l in logs]
+        errors += [f"{page.name}: image not drawn: {b}" for b in st["broken"]]
+        assert st["ready"] == "complete" and st["nav"] >= len(state) and st["nav"] > 10, (page.name, st["nav"])
+        state[page.name] = st
+    assert not errors, "\n".join(errors)
+    assert state["05_loss_zoo.html"]["images"] >= 1                                 # the executed page shows its plot
+    bad = []
+    for name, st in state.items():
+        for href in st["links"]:
+            u = urlparse(href)
+            if u.scheme != "file": continue
+            target = Path(unquote(u.path)).name
+            if target not in state: bad.append(f"{name} -> {target} (no such page)")
+            elif u.fragment and unquote(u.fragment) not in state[target]["ids"]: bad.append(f"{name} -> {target}#{u.fragment} (no such anchor)")
+    assert not bad, "broken internal links:\n" + "\n".join(sorted(set(bad))[:40])

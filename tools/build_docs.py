@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Build the documentation site from the notebooks without quarto: one HTML page per notebook, a navigation bar
+between them, and an API reference page generated from rlhf_nb/_modidx.py.
+
+    python tools/build_docs.py --out _site                      # pages as stored (clean notebooks: no outputs)
+    python tools/build_docs.py --out _site --execute            # run every notebook first (slow/gpu cells skipped)
+    python tools/build_docs.py --out _site --execute 05_loss_zoo 05b_golden   # run only these
+
+Math is converted to MathML at build time (latex2mathml), so pages need no JavaScript and nothing from the network;
+links to other notebooks (`x.ipynb`) point to their pages. `nbdev_docs` (quarto) keeps working where quarto exists.
+"""
+import argparse, ast, html, importlib, json, re, shutil, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NBS = ROOT / "nbs"
+DIRECTIVE = re.compile(r"^\s*#\s*\|.*$\n?", re.M)
+
+CSS = """
+body { margin: 0; font-family: system-ui, sans-serif; }
+nav.site { position: fixed; top: 0; left: 0; bottom: 0; width: 230px; overflow-y: auto; background: #f6f7f9;
+           border-right: 1px solid #ddd; padding: 12px; font-size: 13px; box-sizing: border-box; }
+nav.site a { display: block; padding: 3px 4px; color: #234; text-decoration: none; border-radius: 3px; }
+nav.site a.current { background: #dde6f3; font-weight: 600; }
+nav.site h2 { font-size: 15px; margin: 4px 0 10px; }
+main.page { margin-left: 240px; padding: 8px 24px 40px; max-width: 1100px; }
+nav.pager { display: flex; justify-content: space-between; margin: 30px 0; font-size: 14px; }
+table.api td { vertical-align: top; padding: 2px 10px 2px 0; font-size: 14px; }
+table.api code { white-space: nowrap; }
+math[display="block"] { margin: 0.6em 0; }
+"""
+
+
+def notebooks(only=None):
+    "The notebooks of the site: index first, then the rest in name order."
+    nbs = sorted(p for p in NBS.glob("*.ipynb") if not p.name.startswith("_"))
+    nbs = [p for p in nbs if p.stem == "index"] + [p for p in nbs if p.stem != "index"]
+    return [p for p in nbs if not only or p.stem in only or p.stem == "index"]
+
+
+def title_of(nb, stem):
+    "The first markdown heading of a notebook (or its file name)."
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            m = re.search(r"^#\s+(.+)$", c.source, re.M)
+            if m: return m.group(1).strip()
+    return stem
+
+
+def execute(path):
+    "Run notebook `path` in nbs/ as nbdev_test does (execnb, no Jupyter kernel); slow, gpu and eval: false cells are skipped. -> notebook"
+    import os, nbformat
+    from execnb.nbio import read_nb
+    from execnb.shell import CaptureShell
+    nbx = read_nb(path)
+    skip = lambda c: c.cell_type != "code" or bool(re.search(r"^\s*#\s*\|\s*(slow|gpu|eval:\s*false)", c.source, re.M))
+    cwd = os.getcwd(); os.chdir(NBS)
+    try: CaptureShell(path).run_all(nbx, exc_stop=True, preproc=skip)
+    finally: os.chdir(cwd)
+    return nbformat.from_dict(json.loads(json.dumps(nbx)))
+
+
+_CODE = re.compile(r"(```.*?```|`[^`\n]+`)", re.S)
+_DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE = re.compile(r"(?<![\\$\w])\$(?!\s)([^$\n]+?)(?<!\s)\$(?![\w$])")
+
+
+def _mathml(tex, display):
+    from latex2mathml.converter import convert
+    try: return convert(tex.strip(), display="block" if display else "inline")
+    except Exception: return f"<code>{html.escape(tex)}</code>"
+
+
+def math_to_mathml(md):
+    "Markdown with $$..$$ and $..$ replaced by MathML (code spans and fences left alone)."
+    parts = _CODE.split(md)
+    for i in range(0, len(parts), 2):
+        s = _DISPLAY.sub(lambda m: "\n\n" + _mathml(m.group(1), True).replace("\n", " ") + "\n\n", parts[i])
+        parts[i] = _INLINE.sub(lambda m: _mathml(m.group(1), False), s)
+    return "".join(parts)
+
+
+def defined_names(src):
+    "Names of the functions and classes a code cell defines at top level (for anchors)."
+    try: tree = ast.parse(DIRECTIVE.sub("", src))
+    except SyntaxError: return []
+    return [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def prepare(nb):
+    "Notebook as shown: directives removed, hidden cells dropped, math as MathML, an anchor before each exported definition."
+    import nbformat
+    cells = []
+    for c in nb.cells:
+        if re.search(r"^\s*#\s*\|\s*hide\s*$", c.source, re.M): continue
+        if c.cell_type == "markdown": c.source = math_to_mathml(c.source)
+        elif c.cell_type == "code":
+            if re.search(r"^\s*#\s*\|\s*export", c.source, re.M):
+                names = defined_names(c.source)
+                if names: cells.append(nbformat.v4.new_markdown_cell("".join(f'<a id="{n}"></a>' for n in names)))
+            c.source = DIRECTIVE.sub("", c.source)
+            if not c.source.strip() and not c.get("outputs"): continue
+        cells.append(c)
+    nb.cells = cells
+    return nb
+
+
+_EXTERNAL = [re.compile(p, re.S | re.I) for p in (r"<script[^>]*\bsrc=\"https?://[^\"]*\"[^>]*>\s*</script>",
+                                                  r"<link[^>]*\bhref=\"https?://[^\"]*\"[^>]*>",
+                                                  r"<script[^>]*>(?:(?!</script>).)*https?://(?:(?!</script>).)*</script>")]
+
+
+def offline(page):
+    "Remove the template's scripts and styles loaded from the network (MathJax, require.js, mermaid, fonts)."
+    for rx in _EXTERNAL: page = rx.sub("", page)
+    return page
+
+
+def nav_html(pages, current):
+    cur = ' class="current"'
+    links = "".join(f'<a href="{p}.html"{cur if p == current else ""}>{html.escape(t)}</a>' for p, t in pages)
+    return f'<nav class="site"><h2><a href="index.html">rlhf-nb</a></h2>{links}</nav>'
+
+
+def pager(pages, current):
+    names = [p for p, _ in pages]
+    i = names.index(current)
+    prev = f'<a href="{names[i - 1]}.html">&larr; {html.escape(pages[i - 1][1])}</a>' if i > 0 else "<span></span>"
+    nxt = f'<a href="{names[i + 1]}.html">{html.escape(pages[i + 1][1])} &rarr;</a>' if i + 1 < len(names) else "<span></span>"
+    return f'<nav class="pager">{prev}{nxt}</nav>'
+
+
+def _slug(frag): return re.sub(r"[^\w.-]+", "-", html.unescape(html.unescape(frag))).strip("-")
+
+
+def plain_anchors(body_html):
+    "Heading ids and the links to them reduced to letters, digits, '.', '-' and '_' (nbconvert escapes quotes twice)."
+    body_html = re.sub(r'\bid="([^"]*)"', lambda m: f'id="{_slug(m.group(1))}"', body_html)
+    return re.sub(r'href="([\w.-]*)#([^"]*)"', lambda m: f'href="{m.group(1)}#{_slug(m.group(2))}"', body_html)
+
+
+def wrap(body_html, title, pages, current):
+    "A site page: head with the stylesheet, the navigation, the content, previous/next links."
+    body_html = plain_anchors(body_html)
+    body_html = re.sub(r'href="([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)} - rlhf-nb</title>"
+            f"<link rel=\"icon\" href=\"data:,\"><link rel=\"stylesheet\" href=\"site.css\">{{head}}</head><body>"
+            f"{nav_html(pages, current)}<main class=\"page\">{body_html}{pager(pages, current)}</main></body></html>")
+
+
+def render(nb):
+    "(head styles, body) of a notebook rendered by nbconvert's lab template, without network resources."
+    from nbconvert import HTMLExporter
+    page, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    page = offline(page)
+    head = "".join(re.findall(r"<style[^>]*>.*?</style>", page.split("</head>")[0], re.S))
+    body = re.search(r"<body[^>]*>(.*)</body>", page, re.S).group(1)
+    return head, body
+
+
+def api_page(modules):
+    "HTML of the API reference: every exported symbol of every module, its one-line docstring, a link to its notebook."
+    from rlhf_nb._modidx import d
+    out = ["<h1>API reference</h1><p>Every exported name, by module, with its docstring and the notebook that defines "
+           "and tests it.</p>"]
+    for mod, syms in d["syms"].items():
+        short = mod.split(".", 1)[1]
+        nb = modules.get(short)
+        out.append(f'<h2 id="{short}">rlhf_nb.{html.escape(short)}</h2><table class="api">')
+        try: m = importlib.import_module(mod)
+        except Exception as e: m = None; out.append(f"<tr><td colspan=2>(import failed: {html.escape(str(e))})</td></tr>")
+        for name in sorted(syms):
+            sym = name[len(mod) + 1:] if name.startswith(mod + ".") else name
+            obj = m
+            for part in sym.split("."): obj = getattr(obj, part, None)
+            doc = (getattr(obj, "__doc__", None) or "").strip().split("\n")[0] if callable(obj) else ""
+            top = sym.split(".")[0]
+            link = f'<a href="{nb}.html#{top}"><code>{html.escape(sym)}</code></a>' if nb else f"<code>{html.escape(sym)}</code>"
+            out.append(f"<tr><td>{link}</td><td>{html.escape(doc)}</td></tr>")
+        out.append("</table>")
+    return "".join(out)
+
+
+def build(out, execute_all=False, execute_only=(), only=None):
+    "Write the site to `out`. -> list of page names"
+    import nbformat
+    sys.path.insert(0, str(ROOT))
+    out = Path(out)
+    if out.exists(): shutil.rmtree(out)
+    out.mkdir(parents=True)
+    nbs = notebooks(only)
+    loaded = {p.stem: nbformat.read(p, as_version=4) for p in nbs}
+    pages = [(s, title_of(nb, s)) for s, nb in loaded.items()] + [("api", "API reference")]
+    modules = {}
+    for s, nb in loaded.items():
+        m = next((re.search(r"#\s*\|\s*default_exp\s+(\S+)", c.source) for c in nb.cells if "default_exp" in c.source), None)
+        if m: modules[m.group(1)] = s
+    for s, nb in loaded.items():
+        if execute_all or s in execute_only:
+            print(f"executing {s}.ipynb", flush=True); nb = execute(NBS / f"{s}.ipynb")
+        head, body = render(prepare(nb))
+        (out / f"{s}.html").write_text(wrap(body, dict(pages)[s], pages, s).replace("{head}", head))
+    (out / "api.html").write_text(wrap(api_page(modules), "API reference", pages, "api").replace("{head}", ""))
+    (out / "site.css").write_text(CSS)
+    print(f"wrote {len(pages)} pages to {out}")
+    return [p for p, _ in pages]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="_site", help="output folder (replaced)")
+    ap.add_argument("--execute", nargs="*", default=None,
+                    help="run notebooks before rendering: all of them (no names) or the named ones (stems, e.g. 05_loss_zoo)")
+    ap.add_argument("--only", nargs="*", default=None, help="build only these notebooks (stems; index is always built)")
+    a = ap.parse_args(argv)
+    build(a.out, execute_all=a.execute == [], execute_only=tuple(a.execute or ()), only=a.only)
+    return 0
+
+
+if __name__ == "__main__": sys.exit(main())
