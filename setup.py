@@ -1,6 +1,8 @@
 "Packaging for rlhf-nb: everything is read from settings.ini (nbdev 2 layout)."
 from configparser import ConfigParser
-import setuptools, shlex
+import setuptools, shlex, shutil
+from pathlib import Path
+from setuptools.command.build_py import build_py
 
 config = ConfigParser(delimiters=['='])
 config.read('settings.ini', encoding='utf-8')
@@ -24,7 +26,20 @@ min_python = cfg['min_python']
 lib_path = cfg['lib_path']
 scripts = [o.strip() for o in cfg.get('console_scripts', '').split('\n') if o.strip()]
 
+
+
+class build_py_with_configs(build_py):
+    "Ship the repository's configs/ (run presets, accelerate configs) inside the package as rlhf_nb/configs/."
+    def run(self):
+        super().run()
+        src = Path(__file__).resolve().parent / 'configs'
+        for f in sorted(src.rglob('*.yaml')):
+            dst = Path(self.build_lib) / lib_path / 'configs' / f.relative_to(src)
+            dst.parent.mkdir(parents=True, exist_ok=True); shutil.copyfile(f, dst)
+
+
 setuptools.setup(
+    cmdclass={'build_py': build_py_with_configs},
     name=cfg['lib_name'],
     license=lic[0],
     classifiers=['Development Status :: ' + statuses[int(cfg['status'])],

@@ -4,14 +4,14 @@
 
 # %% ../nbs/00c_config.ipynb #8cc9d9e7
 from __future__ import annotations
-import argparse, json
+import argparse, importlib.util, json
 from dataclasses import dataclass, field
 from pathlib import Path
 import yaml
 from transformers import HfArgumentParser
 
 # %% auto #0
-__all__ = ['option', 'ConfigError', 'make_parser', 'parse_config']
+__all__ = ['option', 'ConfigError', 'make_parser', 'config_dirs', 'packaged_configs', 'find_config', 'parse_config']
 
 # %% ../nbs/00c_config.ipynb #8616afec
 def option(default, help, **kw):
@@ -47,6 +47,27 @@ def make_parser(dataclass_types, prog="rlhf-nb", description=None):
                         help="YAML file of options (keys are the option names below); command-line options override it")
     return parser
 
+# %% ../nbs/00c_config.ipynb #51bd7973
+def config_dirs():
+    "Folders holding the shipped YAML configs: the installed package's `configs/`, else the repository's `configs/`."
+    pkg = Path(importlib.util.find_spec("rlhf_nb").origin).parent
+    return [p for p in (pkg / "configs", pkg.parent / "configs") if p.is_dir()]
+
+def packaged_configs():
+    "{name: path} of the shipped configs: run presets (`grpo_arith`) and accelerate configs (`accelerate/cpu_2proc`)."
+    out = {}
+    for d in reversed(config_dirs()): out.update({p.relative_to(d).with_suffix("").as_posix(): p for p in sorted(d.rglob("*.yaml"))})
+    return out
+
+def find_config(name_or_path):
+    "A YAML file that exists, or the shipped config named `grpo_arith` / `configs/grpo_arith.yaml`; ConfigError listing the names."
+    p = Path(name_or_path).expanduser()
+    if p.is_file(): return p
+    shipped = packaged_configs()
+    key = str(name_or_path).removeprefix("configs/").removesuffix(".yaml")
+    if key in shipped: return shipped[key]
+    raise ConfigError(f"config file not found: {name_or_path} (shipped configs: {', '.join(shipped) or 'none'})")
+
 # %% ../nbs/00c_config.ipynb #85aae2b6
 def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None):
     "Parse `--config FILE.yaml` plus `--key value` overrides into instances of `dataclass_types` (a tuple)."
@@ -58,8 +79,7 @@ def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None):
     if "--config" in argv:
         i = argv.index("--config")
         if i + 1 >= len(argv): raise ConfigError("--config needs a YAML file path")
-        path = Path(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
-        if not path.is_file(): raise ConfigError(f"config file not found: {path}")
+        path = find_config(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
         try: cfg = yaml.safe_load(path.read_text())
         except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
         if cfg is not None and not isinstance(cfg, dict):

@@ -165,7 +165,7 @@ class DPOConfig(_DPOLoss, _DPOData):
     save_total_limit: int | None = option(2, "Keep at most this many checkpoints (oldest deleted; None = all).")
     resume_from_checkpoint: str | None = option(None, "A DPO checkpoint folder, or 'latest' (the newest complete one in output_dir).")
     max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.")
-    report_to: str = option("none", "'none', 'tensorboard' or 'wandb', comma separated (metrics.jsonl is always written).")
+    report_to: str = option("none", "'none', 'tensorboard', 'wandb' or 'trackio', comma separated (metrics.jsonl is always written).")
 
     def __post_init__(self):
         if self.loss_type not in DPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, not {self.loss_type!r}")

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
-import atexit, contextlib, errno, hashlib, importlib, json, math, os, random, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
+import atexit, contextlib, errno, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -13,15 +13,16 @@ from fastcore.basics import patch
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
+__all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
            'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
            'save_atomic', 'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics',
-           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'metric_sinks', 'RunLog', 'plot_metrics',
-           'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint',
-           'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget',
-           'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum',
-           'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted',
-           'StopSignals', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
+           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'metric_sinks', 'RunLog', 'check_report_to',
+           'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
+           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
+           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
+           'Interrupted', 'StopSignals', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -241,6 +242,25 @@ class RunLog:
         append_line(self.output_dir / "metrics.jsonl", json.dumps(row) + "\n")       # whole lines, even on a full disk
         for s in self.sinks: s(row)
 
+# %% ../nbs/01b_engine.ipynb #c81ed191
+SINK_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
+
+def check_report_to(report_to):
+    "Fail now, with one line, on an unknown sink or a tracker whose package is missing; -> the sink names."
+    names = [s.strip() for s in (report_to or "none").split(",") if s.strip() and s.strip() != "none"]
+    for s in names:
+        if s not in METRIC_SINKS: raise ValueError(f"report_to: unknown sink {s!r} (none, {', '.join(METRIC_SINKS)})")
+        if importlib.util.find_spec(SINK_PACKAGES[s]) is None:
+            raise MissingExtra(f"report_to={s} needs the {SINK_PACKAGES[s]} package: pip install 'rlhf-nb[{s}]'")
+    return names
+
+def report_history(report_to, output_dir, history, config=None):
+    "Send a finished run's metric rows (each with a `step`) to the `report_to` trackers. -> rows sent"
+    sinks = metric_sinks(report_to, output_dir, config)
+    for row in history:
+        for s in sinks: s(row)
+    return len(history) if sinks else 0
+
 # %% ../nbs/01b_engine.ipynb #b105a7b0
 DEFAULT_PANELS = (("score/mean", "training score"), ("eval/accuracy", "held-out greedy accuracy"), ("kl/mean", "KL to reference"),
                   ("actor/entropy", "policy entropy"), ("actor/pg_loss", "policy loss"), ("critic/vf_loss", "value loss"))
@@ -263,6 +283,64 @@ def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
     if len(data) > 1: fig.legend(*axes.flat[0].get_legend_handles_labels(), fontsize=8, loc="upper right")
     fig.tight_layout()
     return fig
+
+# %% ../nbs/01b_engine.ipynb #819c8e05
+def model_card(repo_id, algo, config=None, metrics=None, base_model=None):
+    "A README.md model card: front matter (library, tags, base model), how it was trained, final metrics, the config."
+    import yaml
+    front = {"library_name": "transformers", "tags": ["rlhf-nb", algo, "trl-compatible"]}
+    if base_model and base_model != "tiny": front["base_model"] = base_model
+    rows = "".join(f"| `{k}` | {v:.6g} |\n" for k, v in (metrics or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    return (f"---\n{yaml.safe_dump(front, sort_keys=False)}---\n\n# {repo_id}\n\n"
+            f"Trained with [rlhf-nb](https://github.com/rlhf-nb/rlhf-nb)'s **{algo}** trainer"
+            + (f", starting from `{base_model}`" if base_model else "") + ".\n\n"
+            + (f"## Final metrics\n\n| metric | value |\n|---|---|\n{rows}\n" if rows else "")
+            + f"## Config\n\n```yaml\n{yaml.safe_dump(config or {}, sort_keys=True)}```\n")
+
+# %% ../nbs/01b_engine.ipynb #5ca05397
+def hub_api():
+    "The client that talks to the Hub: `huggingface_hub.HfApi()` (token and endpoint from the usual HF_* settings)."
+    from huggingface_hub import HfApi
+    return HfApi()
+
+def push_to_hub(folder, repo_id, card, private=False, api=None, commit_message="Upload model trained with rlhf-nb"):
+    "Upload model folder `folder`, plus `card` as README.md, to Hub repo `repo_id` (created if missing, private if asked). -> upload result"
+    if not repo_id or repo_id.count("/") > 1: raise ValueError(f"hub_model_id must be 'name' or 'user/name', got {repo_id!r}")
+    folder = Path(folder)
+    if not (folder / "config.json").exists(): raise FileNotFoundError(f"push_to_hub: {folder} is not a saved model folder (no config.json)")
+    api = api or hub_api()
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    with tempfile.TemporaryDirectory() as d:
+        staged = Path(d) / "upload"
+        shutil.copytree(folder, staged); (staged / "README.md").write_text(card)
+        return api.upload_folder(folder_path=str(staged), repo_id=repo_id, repo_type="model", commit_message=commit_message)
+
+# %% ../nbs/01b_engine.ipynb #c61e6fad
+class CarriageReturnLines:
+    "Wrap a text stream: each carriage-return frame (a tqdm redraw) becomes a line, at most one per `interval` s (+ the last)."
+    def __init__(self, stream, interval=0.0): self.stream, self.interval, self.frame, self.in_frame, self.last = stream, interval, "", False, -math.inf
+    def _end_frame(self, final):
+        if self.frame and (final or time.monotonic() - self.last >= self.interval):
+            self.stream.write(self.frame + "\n"); self.last = time.monotonic()
+        self.frame, self.in_frame = "", False
+    def write(self, s):
+        for part in re.split(r"(\r\n|\r|\n)", s):
+            if part == "\r": self._end_frame(final=False); self.in_frame = True
+            elif part in ("\n", "\r\n"):
+                if self.in_frame: self._end_frame(final=True)
+                else: self.stream.write("\n")
+            elif part:
+                if self.in_frame: self.frame += part
+                else: self.stream.write(part)
+        return len(s)
+    def __getattr__(self, name): return getattr(self.stream, name)
+
+def log_progress(stream=None, interval=30, environ=None):
+    "For a stream that is not a terminal: tqdm frames become lines, at most one per `interval` s per bar. -> the stream to use"
+    stream, environ = stream if stream is not None else sys.stderr, os.environ if environ is None else environ
+    if isinstance(stream, CarriageReturnLines) or (hasattr(stream, "isatty") and stream.isatty()): return stream
+    environ.setdefault("TQDM_MININTERVAL", str(interval))
+    return CarriageReturnLines(stream, interval)
 
 # %% ../nbs/01b_engine.ipynb #fa95a380
 def _random_state(r): v, keys, gauss = r.getstate(); return [v, list(keys), gauss]

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
-from .config import ConfigError, make_parser, option, parse_config
+from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import CorruptCheckpoint, DiskFull, Interrupted, end_distributed, ensure_cpu_distributed, process_state
+from .engine import (CorruptCheckpoint, DiskFull, Interrupted, end_distributed, ensure_cpu_distributed, list_checkpoints,
+                            log_progress, model_card, process_state, push_to_hub)
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
@@ -31,9 +32,9 @@ from .trl_pipelines import trl_main
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'STAGE_INPUTS',
            'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
-           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm', 'stage_hint',
-           'check_stage_inputs', 'check_output_dir', 'parse_train_args', 'train_main', 'relaunch', 'sft_main',
-           'rm_main', 'eval_main', 'plot_main', 'demo_main', 'health_main']
+           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm', 'final_model_folder',
+           'push_run', 'stage_hint', 'check_stage_inputs', 'check_output_dir', 'parse_train_args', 'train_main',
+           'relaunch', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
 
 # %% ../nbs/04_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -205,6 +206,7 @@ def _rank_prefix():
 
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
+    if argv is None: sys.stderr = log_progress(sys.stderr)                # run as a program, output to a log: lines, not \r frames
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage()); return 0
@@ -242,6 +244,9 @@ class LaunchArgs:
     machine_rank: Optional[int] = option(None, "With --accelerate_config (multi-node): this machine's rank, 0 on the main node.")
     main_process_ip: Optional[str] = option(None, "With --accelerate_config (multi-node): address of the machine with machine_rank 0.")
     main_process_port: Optional[int] = option(None, "With --accelerate_config: port of the main process (0 = a free one).")
+    push_to_hub: bool = option(False, "After training, upload the final model with a model card (config, final metrics) to the Hub.")
+    hub_model_id: Optional[str] = option(None, "Hub repository for --push_to_hub: 'user/name' or 'name' (default: the output_dir's name).")
+    hub_private_repo: bool = option(False, "Create the --push_to_hub repository as private.")
 
 # %% ../nbs/04_launch.ipynb #ebb61d34
 ALGORITHMS = {}
@@ -260,6 +265,21 @@ def _arg_types(algo):
     data_cls = dataclasses.make_dataclass("DataArgs", [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
                                                        for f in dataclasses.fields(DataArgs) if f.name not in names])
     return cfg_cls, data_cls, LaunchArgs
+
+# %% ../nbs/04_launch.ipynb #4d57f9f8
+def final_model_folder(output_dir, summary=None):
+    "The folder holding a finished run's final policy: the summary's `final_model`, else the newest checkpoint's `policy`."
+    if summary and summary.get("final_model"): return Path(summary["final_model"])
+    cps = list_checkpoints(output_dir)
+    if not cps: raise FileNotFoundError(f"push_to_hub: no checkpoint-* folder in {output_dir} to upload (was save_final off?)")
+    return cps[-1] / "policy"
+
+def push_run(algo, cfg, summary, largs, api=None):
+    "Upload a finished run's final model and its model card to `largs.hub_model_id` (main process only). -> upload result or None"
+    if int(os.environ.get("RANK", "0") or 0) != 0: return None
+    repo = largs.hub_model_id or Path(cfg.output_dir).name
+    card = model_card(repo, algo, dataclasses.asdict(cfg), (summary or {}).get("final"), getattr(cfg, "model_name_or_path", None))
+    return push_to_hub(final_model_folder(cfg.output_dir, summary), repo, card, largs.hub_private_repo, api=api)
 
 # %% ../nbs/04_launch.ipynb #5b7d8ce1
 STAGE_INPUTS = ("model_name_or_path", "reward_model_path", "value_model_path", "value_model_name_or_path", "dataset", "eval_dataset")
@@ -310,8 +330,9 @@ def parse_train_args(algo, argv):
 
 def train_main(algo, argv=None):
     "`rlhf-nb ALGO [--config F.yaml] [--key value ...]`: parse, check, train. Returns 0."
-    cfg, data_args, _ = parse_train_args(algo, sys.argv[1:] if argv is None else argv)
-    ALGORITHMS[algo][1](cfg, data_args)
+    cfg, data_args, largs = parse_train_args(algo, sys.argv[1:] if argv is None else argv)
+    summary = ALGORITHMS[algo][1](cfg, data_args)
+    if largs.push_to_hub: push_run(algo, cfg, summary, largs)
     return 0
 
 # %% ../nbs/04_launch.ipynb #3a115ba8
@@ -379,6 +400,28 @@ register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in mi
 
 # %% ../nbs/04_launch.ipynb #17cbe022
 register_subcommand("trl", trl_main, "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
+
+# %% ../nbs/04_launch.ipynb #dd301d6f
+def _first_comment(path):
+    "The first comment line of a YAML file (its one-line description), or ''."
+    return next((l.lstrip("# ").strip() for l in Path(path).read_text().splitlines() if l.startswith("#")), "")
+
+def config_main(argv=None):
+    "`rlhf-nb config [NAME [--output FILE]]`: list the shipped configs, print one, or copy it to FILE."
+    argv, out = _pop_option(list(sys.argv[1:] if argv is None else argv), "output")
+    if any(a in ("-h", "--help") for a in argv):
+        print("usage: rlhf-nb config [NAME [--output FILE]]   (no NAME: list the shipped configs)"); return 0
+    if not argv:
+        for name, p in packaged_configs().items(): print(f"{name:<28} {_first_comment(p)}")
+        return 0
+    if len(argv) > 1: raise ConfigError(f"rlhf-nb config takes one NAME, got {' '.join(argv)}")
+    text = find_config(argv[0]).read_text()
+    if out is None: print(text, end=""); return 0
+    if Path(out).exists(): raise FileExistsError(f"--output {out} exists; choose another file")
+    Path(out).parent.mkdir(parents=True, exist_ok=True); Path(out).write_text(text)
+    print(f"rlhf-nb config: wrote {out}", file=sys.stderr); return 0
+
+register_subcommand("config", config_main, "list, print or copy the YAML configs shipped with the package")
 
 # %% ../nbs/04_launch.ipynb #644e46cb
 from .health import save_health, format_warnings

@@ -129,7 +129,7 @@ class LoopArgs:
     logging_steps: int = option(1, "Write metrics every this many steps.")
     seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb (comma separated).")
+    report_to: str = option("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb, trackio (comma separated).")
     bf16: bool = option(False, "bfloat16 mixed precision (GPU).")
     fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); False runs "
                               "this notebook's plain trainer. Read by rlhf_nb.algos.rl_trainer_class, which the command line uses.")

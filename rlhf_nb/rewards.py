@@ -20,7 +20,7 @@ from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_tokenizer, load_value_model, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
-from .engine import fresh_output_dir, save_model_folder, LoopCheckpoints, RunGuard
+from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
@@ -777,6 +777,7 @@ class RMArgs(PeftArgs):
     save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
+    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/01_rewards.ipynb #fb6854dd
 def _rm_pairs(a):
@@ -789,6 +790,7 @@ def run_reward_model(a):
     "Train the reward model of `a` (RMArgs) and save it to `a.output_dir`: -> {output_dir, steps, eval_pairwise_accuracy}."
     check_model_path(a.model_name_or_path)
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir or bool(a.resume_from_checkpoint))
+    check_report_to(a.report_to)
     train, evals = _rm_pairs(a)
     tok = load_tokenizer(a.model_name_or_path)
     model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, **load_kwargs(a)), a, "SEQ_CLS")
@@ -802,6 +804,7 @@ def run_reward_model(a):
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder that load_reward_model reads
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
                                               res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
+    report_history(a.report_to, out, hist, dataclasses.asdict(a))
     return res
 
 # %% ../nbs/01_rewards.ipynb #253a35ea

@@ -18,7 +18,7 @@ from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_thr
 from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 from .engine import write_json_atomic
 from .rewards import compute_score
-from .engine import fresh_output_dir, save_model_folder, LoopCheckpoints, RunGuard
+from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
@@ -269,6 +269,7 @@ class SFTArgs(PeftArgs):
     save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
+    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/00b_sft.ipynb #d50dec75
 def _sft_model(a, rows):
@@ -292,6 +293,7 @@ def run_sft(a):
     "Fine-tune as `a` (SFTArgs) says and save model, tokenizer, metrics.jsonl, summary.json: -> {output_dir, steps, eval_accuracy}."
     check_model_path(a.model_name_or_path)
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir or bool(a.resume_from_checkpoint))
+    check_report_to(a.report_to)
     train = load_split(a.dataset, "train", "sft", a.n_train, a.seed, a.data_dir, a.dataset_source)
     evals = [r for r in load_split(a.dataset, "test", "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
              if r["reward_model"]["style"] == "rule"]                   # greedy accuracy needs a rule; model rows are the RM's
@@ -307,6 +309,7 @@ def run_sft(a):
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
                                               "eval_size": len(evals), "args": dataclasses.asdict(a)})
+    report_history(a.report_to, out, hist, dataclasses.asdict(a))
     return res
 
 # %% ../nbs/00b_sft.ipynb #f0a7c9a4

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 from . import data
 from .config import ConfigError, option, parse_config
+from .engine import log_progress
 from .data import DataArgs, parse_split, read_train_test, select_split, to_trl_dpo, to_trl_grpo, to_trl_sft
 from .ppo import PPOConfig
 from .algos import run_rl
@@ -22,7 +23,7 @@ from .rewards import RewardManager, trl_reward_func
 __all__ = ['TRL_PIPELINES', 'TRL_PLOT_PANELS', 'pipeline_arguments', 'TRLPipeline', 'register_trl_pipeline', 'get_trl_pipeline',
            'parse_trl_args', 'load_model_and_tokenizer', 'pipeline_rows', 'pipeline_datasets', 'default_reward_funcs',
            'trl_pipeline', 'TRLPPOArgs', 'map_trl_ppo', 'trl_ppo_config', 'trl_ppo', 'pipeline_summary', 'trl_main',
-           'log_history_series', 'plot_trl_dynamics']
+           'load_log_history', 'log_history_series', 'plot_trl_dynamics']
 
 # %% ../nbs/03a_trl_pipelines.ipynb #38f9e040
 def _trl():
@@ -239,7 +240,6 @@ def trl_pipeline(name, args=None, *, config=None, model=None, tokenizer=None, tr
 class TRLPPOArgs:
     "TRL's PPOConfig/ScriptArguments options whose names differ from the native PPOConfig's; each maps onto a native option."
     sft_model_path: Optional[str] = option(None, "TRL: the SFT policy to start from -> model_name_or_path.")
-    reward_model_path: Optional[str] = option(None, "TRL: the reward model -> scores of model-style rows (RewardManager) and the critic's start (value_model_name_or_path).")
     response_length: Optional[int] = option(None, "TRL: new tokens per response -> max_completion_length.")
     total_episodes: Optional[int] = option(None, "TRL: episodes to train on -> max_steps = ceil(total_episodes / episodes per step).")
     num_mini_batches: int = option(1, "TRL: mini-batches per batch of episodes -> per_device_train_batch_size and mini_batch_size (see above).")
@@ -251,7 +251,7 @@ class TRLPPOArgs:
 
 # %% ../nbs/03a_trl_pipelines.ipynb #d1ecedfb
 _SAME_PPO_NAMES = ("kl_coef", "cliprange", "cliprange_value", "vf_coef", "num_ppo_epochs", "gamma", "lam", "missing_eos_penalty",
-                   "whiten_rewards", "kl_estimator", "temperature", "learning_rate", "output_dir", "seed", "report_to", "max_steps",
+                   "whiten_rewards", "reward_model_path", "kl_estimator", "temperature", "learning_rate", "output_dir", "seed", "report_to", "max_steps",
                    "model_name_or_path", "use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "bf16")
 
 def map_trl_ppo(t, cfg, given, world_size=1):
@@ -260,7 +260,6 @@ def map_trl_ppo(t, cfg, given, world_size=1):
     def put(trl_name, native, value, why=""):
         m[native] = value; notes.append(f"{trl_name} -> {native} = {value}{why}")
     if t.sft_model_path: put("sft_model_path", "model_name_or_path", t.sft_model_path)
-    if t.reward_model_path: put("reward_model_path", "value_model_name_or_path", t.reward_model_path, " (+ the RewardManager's reward model)")
     if t.response_length is not None: put("response_length", "max_completion_length", t.response_length)
     if t.dataset_name: put("dataset_name", "dataset", t.dataset_name)
     if {"per_device_train_batch_size", "gradient_accumulation_steps", "num_mini_batches"} & set(given):
@@ -299,12 +298,7 @@ def trl_ppo(argv):
     cfg, data_args, t, notes = trl_ppo_config(argv)
     if int(os.environ.get("RANK", "0") or 0) == 0:
         for n in notes: print(f"rlhf-nb trl ppo: {n}", file=sys.stderr)
-    kw = {}
-    if t.reward_model_path:
-        rm_tok = load_tokenizer(t.reward_model_path, verbose=False)
-        kw["reward_manager"] = RewardManager(load_tokenizer(cfg.model_name_or_path, verbose=False),
-                                             reward_model=load_value_model(t.reward_model_path, tokenizer=rm_tok), reward_tokenizer=rm_tok)
-    return run_rl(cfg, data_args, trainer_kwargs=kw)
+    return run_rl(cfg, data_args)                           # reward_model_path: the native option (scores model rows, starts the critic)
 
 # %% ../nbs/03a_trl_pipelines.ipynb #426c7954
 def _trl_usage():
@@ -335,6 +329,7 @@ def trl_main(argv=None):
 # %% ../nbs/03a_trl_pipelines.ipynb #60f21cfc
 def _module_main(argv=None):
     "`python -m rlhf_nb.trl_pipelines ...`: `trl_main`, with bad input reported as one line and exit status 2."
+    if argv is None: sys.stderr = log_progress(sys.stderr)                # run as a program, output to a log: lines, not \r frames
     argv = list(sys.argv[1:] if argv is None else argv)
     try: return trl_main(argv)
     except (ConfigError, ValueError, FileNotFoundError) as e:
@@ -345,18 +340,31 @@ def _module_main(argv=None):
 
 # %% ../nbs/03a_trl_pipelines.ipynb #1a7fa98c
 TRL_PLOT_PANELS = {
-    "loss": ["loss", "eval_loss"],
+    "loss": ["loss", "loss/policy_avg", "loss/value_avg", "eval_loss"],
     "KL": ["kl", "objective/kl", "eval_kl"],
-    "entropy": ["entropy", "eval_entropy"],
-    "reward": ["reward", "eval_reward", "rewards/chosen", "rewards/rejected", "rewards/margins", "eval_rewards/margins"],
-    "accuracy": ["rewards/accuracies", "eval_rewards/accuracies", "mean_token_accuracy", "eval_accuracy"],
+    "entropy": ["entropy", "policy/entropy_avg", "objective/entropy", "eval_entropy"],
+    "reward": ["reward", "objective/scores", "objective/rlhf_reward", "eval_reward", "rewards/chosen", "rewards/rejected",
+               "rewards/margins", "eval_rewards/margins"],
+    "accuracy": ["rewards/accuracies", "eval_rewards/accuracies", "mean_token_accuracy", "eval_accuracy", "accuracy"],
+    "learning rate": ["lr", "learning_rate"],
 }
 
+def load_log_history(src):
+    "A TRL log history from a trainer, a list of rows, a trainer_state.json (its path, its folder, or its loaded dict)."
+    if hasattr(src, "state"): return src.state.log_history
+    if isinstance(src, (str, Path)):
+        p = Path(src); p = p / "trainer_state.json" if p.is_dir() else p
+        if not p.is_file(): raise FileNotFoundError(f"no trainer_state.json at {p}")
+        src = json.loads(p.read_text())
+    if isinstance(src, dict):
+        if "log_history" not in src: raise ValueError("not a trainer state: no 'log_history' key")
+        return src["log_history"]
+    return list(src)
+
 def log_history_series(history, keys=None):
-    "Numeric series `{key: (steps, values)}` from a TRL log history (or trainer); keys missing from every row are skipped."
-    if hasattr(history, "state"): history = history.state.log_history
+    "Numeric series `{key: (steps, values)}` from a TRL log history (or trainer, or trainer_state.json); keys missing from every row are skipped."
     out = {}
-    for i, row in enumerate(history):
+    for i, row in enumerate(load_log_history(history)):
         step = row.get("step", i)
         for k, v in row.items():
             if k == "step" or (keys is not None and k not in keys): continue
@@ -365,17 +373,24 @@ def log_history_series(history, keys=None):
     return out
 
 # %% ../nbs/03a_trl_pipelines.ipynb #030857f2
+_LINE_STYLES = ("-", "--", ":", "-.")
+
 def plot_trl_dynamics(history, panels=None, title=None):
-    "One matplotlib panel per family of logged keys that is present (loss, KL, entropy, reward, accuracy). -> Figure"
+    "One panel per family of logged keys present (loss, KL, entropy, reward, ...); `{label: history}` overlays runs. -> Figure"
     import matplotlib.pyplot as plt
-    panels = panels or TRL_PLOT_PANELS
-    series = log_history_series(history)
-    present = {p: [k for k in ks if k in series] for p, ks in panels.items()}
+    runs = history if isinstance(history, dict) and "log_history" not in history else {None: history}
+    series, panels = {label: log_history_series(h) for label, h in runs.items()}, panels or TRL_PLOT_PANELS
+    present = {p: [k for k in ks if any(k in s for s in series.values())] for p, ks in panels.items()}
     present = {p: ks for p, ks in present.items() if ks}
     if not present: raise ValueError(f"nothing to plot: the history has none of the keys {sorted(k for ks in panels.values() for k in ks)}")
     fig, axes = plt.subplots(1, len(present), figsize=(3.6 * len(present), 2.8), squeeze=False)
+    colours, overlay = {label: f"C{j}" for j, label in enumerate(runs)}, len(runs) > 1
     for ax, (p, ks) in zip(axes[0], present.items()):
-        for k in ks: ax.plot(*series[k], marker="." if len(series[k][0]) < 30 else None, label=k)
+        for j, k in enumerate(ks):
+            for label, s in series.items():
+                if k not in s: continue
+                ax.plot(*s[k], marker="." if len(s[k][0]) < 30 else None, color=colours[label] if overlay else f"C{j}",
+                        ls=_LINE_STYLES[j % 4] if overlay else "-", label=k if label is None else f"{label}: {k}")
         ax.set_title(p); ax.set_xlabel("step"); ax.legend(fontsize=7)
     if title: fig.suptitle(title)
     fig.tight_layout()

@@ -590,7 +590,9 @@ def test_yaml_config_cannot_run_code(run, tmp_path):
     assert not marker.exists() and not (tmp_path / "o").exists()
 
 
-# === a learned reward model in the RL trainers ===============================================================
+# === a learned reward model in the RL trainers ========================================================
+
+
 
 def _hh_rows(n):
     "HH dialogue rows (scored by a reward model), as `rlhf-nb prep hh-rlhf --variant rl` writes them."
@@ -633,6 +635,23 @@ def test_reward_and_value_models_that_cannot_serve(run, rm_case, tmp_path, extra
 ])
 def test_quantized_loading_on_a_cpu_is_one_line(run, tmp_path, stage, flags, needle):
     one_line(*run(stage, "--output_dir", tmp_path / "o", "--max_steps", 1, *flags), needle)
+=======
+# --- TRL pipelines on the command line, shipped configs ----------------------------------------------
+
+@pytest.mark.parametrize("args,needles", [
+    (["trl", "dpo", "--beta", "x"], ["rlhf-nb trl", "argument --beta", "invalid float value: 'x'"]),
+    (["trl", "grpo", "--no_such_option", "1"], ["unknown option(s) for the GRPO pipeline", "--no_such_option"]),
+    (["trl", "nope"], ["unknown TRL pipeline 'nope'", "sft, dpo, grpo, rloo, reward, ppo"]),
+    (["trl", "ppo", "--stop_token", "period"], ["stop_token='period'", "eos only"]),
+    (["trl", "ppo", "--response_lenght", "8"], ["unknown option(s) --response_lenght"]),
+    (["config", "grpo_aritj"], ["config file not found: grpo_aritj", "shipped configs:", "grpo_arith"]),
+    (["grpo", "--config", "no_such.yaml"], ["config file not found: no_such.yaml", "shipped configs:"]),
+])
+def test_trl_and_config_bad_input_is_one_line(run, tmp_path, monkeypatch, args, needles):
+    monkeypatch.chdir(tmp_path)
+    rc, lines = run(*args)
+    one_line(rc, lines, *needles)
+    assert list(tmp_path.iterdir()) == []
 
 # === placement (roles on resource pools) =============================================================================
 
@@ -662,7 +681,7 @@ def test_placement_ray_without_ray(run, tmp_path, monkeypatch):
     one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--placement", "ray"), "pip install 'rlhf-nb[ray]'")
 
 
-# === faults: damaged run folders, misbehaving rewards, a busy folder, a full disk (issue 17) ==========================
+# === faults: damaged run folders, misbehaving rewards, a busy folder, a full disk ==========================
 
 def test_checkpoint_from_a_model_of_another_shape(run, ckpts, tmp_path):
     from rlhf_nb.models import tiny_causal_lm

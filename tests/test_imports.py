@@ -18,6 +18,7 @@ CHECKS = {
     "rlhf_nb.demo": "assert ('tiny', 'grpo') in m.DEMO_PRESETS",
     "rlhf_nb.launch": "assert m.main(['--help']) == 0",
     "rlhf_nb.placement": "assert m.ResourcePoolManager({'p': 1}, {'ActorRolloutRef': 'p'}).pool_of(m.Role.RefPolicy) == 'p'",
+    "rlhf_nb.widgets": "import tempfile; mon = m.TrainingMonitor(tempfile.mkdtemp()); assert mon.refresh() is False and mon.rows == 0",
     "rlhf_nb.health": "assert m.kl_spike([{'step': s, 'kl/mean': 100.0 if s == 9 else 0.1} for s in range(1, 12)])[0]['step'] == 9",
     "rlhf_nb.golden": "assert 'grpo' in m.GOLDEN_NAMES and m.compare_curves([{'step': 1, 'a': 1.0}], [{'step': 1, 'a': 1.0}]) == []",
 }

@@ -59,3 +59,17 @@ def test_missing_tracker_is_one_line_naming_the_extra(tmp_path, tracker):
     assert r.returncode == 2 and lines == [f"rlhf-nb grpo: error: report_to={tracker} needs the {tracker} package: "
                                            f"pip install 'rlhf-nb[{tracker}]'"], r.stderr
     assert not (tmp_path / "g" / "checkpoint-1").exists()
+
+
+def test_sft_and_rm_send_their_history_to_tensorboard(tmp_path):
+    r = rlhf_nb("sft", "--max_steps", "2", "--eval_steps", "2", "--eval_size", "4", "--n_train", "16",
+                "--per_device_train_batch_size", "4", "--report_to", "tensorboard", "--output_dir", "s", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert tb_tags(tmp_path / "s" / "tensorboard")["loss"] == [1, 2]
+    assert (tmp_path / "s" / "model.safetensors").exists()                    # the model folder kept beside the events
+    r = rlhf_nb("rm", "--max_steps", "2", "--eval_steps", "2", "--eval_size", "4", "--n_train", "8",
+                "--report_to", "tensorboard", "--output_dir", "r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert tb_tags(tmp_path / "r" / "tensorboard")["loss"] == [1, 2]
+    r = rlhf_nb("sft", "--max_steps", "2", "--report_to", "mlflow", "--output_dir", "bad", cwd=tmp_path)
+    assert r.returncode == 2 and "unknown sink 'mlflow'" in r.stderr and not (tmp_path / "bad" / "model.safetensors").exists()

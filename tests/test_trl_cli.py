@@ -67,7 +67,7 @@ def test_trl_ppo_with_trl_names_runs_two_steps(tmp_path):
              "--arith_train_size", "64", "--eval_steps", "0", "--disable_tqdm", "true"], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     notes = [l for l in r.stderr.splitlines() if l.startswith("rlhf-nb trl ppo: ")]
-    for expect in ("sft_model_path -> model_name_or_path = tiny", "reward_model_path -> value_model_name_or_path = rm",
+    for expect in ("sft_model_path -> model_name_or_path = tiny", "reward_model_path -> reward_model_path (same name)",
                    "response_length -> max_completion_length = 8", "total_episodes -> max_steps = 2",
                    "-> mini_batch_size = 4", "-> per_device_train_batch_size = 8", "kl_coef -> kl_coef (same name)",
                    "missing_eos_penalty -> missing_eos_penalty (same name)", "dataset_name -> dataset = arith"):
