@@ -635,7 +635,6 @@ def test_reward_and_value_models_that_cannot_serve(run, rm_case, tmp_path, extra
 ])
 def test_quantized_loading_on_a_cpu_is_one_line(run, tmp_path, stage, flags, needle):
     one_line(*run(stage, "--output_dir", tmp_path / "o", "--max_steps", 1, *flags), needle)
-=======
 # --- TRL pipelines on the command line, shipped configs ----------------------------------------------
 
 @pytest.mark.parametrize("args,needles", [
