@@ -105,7 +105,7 @@ def _trl_grpo_trainer(p, tok, model, max_steps, timer):
 def trl_grpo(p):
     C.set_threads(p["threads"])
     tok = C.tokenizer()
-    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     Timer = _trl_timer(); timer = Timer()
     k = p["updates_per_generation"]
     rounds = p["warmup_rounds"] + p["rounds"]
@@ -133,8 +133,8 @@ def trl112_ppo(p):
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     tok = C.tokenizer()
     seed = p.get("seed", 0)
-    model = C.policy(tok, seed=seed, path=p.get("init_path"))
-    value = C.value_model(tok, seed=seed + 1)
+    model = C.policy(tok, seed=seed, path=p.get("init_path"), shape=p.get("shape"))
+    value = C.value_model(tok, seed=seed + 1, shape=p.get("shape"))   # the critic has the policy's shape (as rlhf-nb's)
     # TRL's PPO needs a reward *model* (rlhf-nb uses the rule reward); a random non-zero head so scores vary
     reward = C.value_model(tok, seed=seed + 2, head_std=0.02)
     B, mb = p["episodes"], p["mini_batch_size"]
@@ -164,7 +164,7 @@ def trl_dpo(p):
     C.set_threads(p["threads"])
     from trl import DPOConfig, DPOTrainer
     tok = C.tokenizer()
-    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     steps = p["warmup_steps"] + p["steps"]
     rows = C.pref_rows(max(p["n_pairs"], p["batch_size"] * steps), seed=p.get("seed", 0))
     cfg = DPOConfig(
@@ -236,7 +236,7 @@ def _nb_rl_trainer(cfg, tok, model):
 def nb_grpo(p):
     C.set_threads(p["threads"])
     tok = C.tokenizer()
-    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     rounds = p["warmup_rounds"] + p["rounds"]
     cfg, src = _grpo_config(p, C.WORK / f"nb_grpo_{os.getpid()}", rounds)
     trainer = _nb_rl_trainer(cfg, tok, model)
@@ -257,7 +257,7 @@ def nb_ppo(p):
     C.set_threads(p["threads"])
     PPOConfig = need("ppo", "PPOConfig")
     tok = C.tokenizer()
-    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     updates = p["warmup_rounds"] + p["rounds"]
     import dataclasses
     names = {f.name for f in dataclasses.fields(PPOConfig)}
@@ -283,7 +283,7 @@ def nb_dpo(p):
     C.set_threads(p["threads"])
     DPOConfig, DPOLoop = need("dpo", "DPOConfig", "DPOLoop")
     tok = C.tokenizer()
-    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"))
+    model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     steps = p["warmup_steps"] + p["steps"]
     rows = C.pref_rows(max(p["n_pairs"], p["batch_size"] * steps), seed=p.get("seed", 0))
     import dataclasses

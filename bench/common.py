@@ -95,26 +95,35 @@ def _fallback_config(tok, **kw):
     return Qwen2Config(**d)
 
 
-def policy(tok, seed=0, path=None):
-    "The tiny causal LM (fresh, or loaded from `path`, e.g. the SFT start)."
+def policy(tok, seed=0, path=None, shape=None):
+    "The tiny causal LM (fresh, or loaded from `path`, e.g. the SFT start); `shape` overrides Qwen2Config fields (SIZES)."
     import torch
     from transformers import AutoModelForCausalLM, Qwen2ForCausalLM
     if path is not None: return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    if nb("models", "tiny_causal_lm"): return nb("models", "tiny_causal_lm")(tok, seed=seed)
+    if nb("models", "tiny_causal_lm"): return nb("models", "tiny_causal_lm")(tok, seed=seed, **(shape or {}))
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(_fallback_config(tok))
+    return Qwen2ForCausalLM(_fallback_config(tok, **(shape or {})))
 
 
-def value_model(tok, seed=0, path=None, head_std=None):
+def value_model(tok, seed=0, path=None, head_std=None, shape=None):
     "A tiny sequence-classification model (num_labels=1): TRL 1.12 PPO's critic and reward model."
     import torch
     from transformers import AutoModelForSequenceClassification, Qwen2ForSequenceClassification
     if path is not None:
         return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
     if nb("models", "tiny_value_model"):
-        return nb("models", "tiny_value_model")(tok, seed=seed, **({} if head_std is None else {"head_std": head_std}))
+        return nb("models", "tiny_value_model")(tok, seed=seed, **({} if head_std is None else {"head_std": head_std}), **(shape or {}))
     torch.manual_seed(seed)
-    return Qwen2ForSequenceClassification(_fallback_config(tok, num_labels=1))
+    return Qwen2ForSequenceClassification(_fallback_config(tok, num_labels=1, **(shape or {})))
+
+
+# Model sizes of the scaling benches (Qwen2 shape, character vocabulary): `demo` is the default tiny model; the others
+# use full multi-head attention and a 4x MLP, as measured in the issue that set the targets.
+SIZES = {
+    "demo": {},
+    "6.3M": dict(hidden_size=256, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4),
+    "33.6M": dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=8),
+}
 
 
 def arith_rows(n, split="train", seed=0):

@@ -25,21 +25,55 @@ def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
     step = chunk_size or max(1, budget // max(1, n_cols))
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
+def _upcast(z):
+    "Half-precision logits to float32 (float32/float64 stay as they are)."
+    return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+
 def _float_chunks(logits, temperature=1.0, chunk_size=None):
     "Yield (rows, float32 logits/temperature) over chunks of `logits` flattened to [N,V]: one chunk upcast at a time."
     if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
     flat = logits.reshape(-1, logits.shape[-1])
-    for s in _row_chunks(flat.shape[0], flat.shape[1], chunk_size):
-        z = flat[s].float()
+    slices = _row_chunks(flat.shape[0], flat.shape[1], chunk_size)
+    # one `split` (a single backward node that concatenates the chunks' gradients once), not one slice per chunk:
+    # each slice's backward would write a zero tensor the size of all the logits, n_chunks times over
+    for s, part in zip(slices, flat.split(slices[0].stop - slices[0].start) if slices else []):
+        z = _upcast(part)
         yield s, (z / temperature if temperature != 1.0 else z)
 
 def _cat(parts, shape, device): return (torch.cat(parts) if parts else torch.zeros(0, device=device)).reshape(shape)
 
+class _LogProb(torch.autograd.Function):
+    "log softmax(z/T)[y] over [N,V] logits in row chunks; the backward recomputes each chunk instead of keeping float32 copies."
+    @staticmethod
+    def forward(ctx, flat, idx, temperature, step):
+        lp = torch.empty(flat.shape[0], dtype=torch.promote_types(flat.dtype, torch.float32), device=flat.device)
+        lse = torch.empty_like(lp)
+        for i in range(0, flat.shape[0], step):
+            z = _upcast(flat[i:i + step]) / temperature
+            lse[i:i + step] = torch.logsumexp(z, -1)
+            lp[i:i + step] = z.gather(-1, idx[i:i + step, None]).squeeze(-1) - lse[i:i + step]
+        ctx.save_for_backward(flat, idx, lse)
+        ctx.temperature, ctx.step = temperature, step
+        return lp
+
+    @staticmethod
+    def backward(ctx, g):                          # d lp_n / d z_nv = ([v = y_n] - softmax(z_n/T)_v) / T
+        flat, idx, lse = ctx.saved_tensors
+        T, step, grad = ctx.temperature, ctx.step, torch.empty_like(flat)
+        for i in range(0, flat.shape[0], step):
+            gi = g[i:i + step, None]
+            d = (_upcast(flat[i:i + step]) / T - lse[i:i + step, None]).exp_().mul_(-gi)
+            d.scatter_add_(-1, idx[i:i + step, None], gi)
+            grad[i:i + step] = (d / T).to(flat.dtype)
+        return grad, None, None, None
+
 def logprobs_from_logits(logits, labels, temperature=1.0, chunk_size=None):
     "Log-probability of each label under `softmax(logits/temperature)`: logits[...,V], labels[...] -> [...] (float32)."
-    idx = labels.reshape(-1)
-    out = [z.gather(-1, idx[s, None]).squeeze(-1) - torch.logsumexp(z, -1) for s, z in _float_chunks(logits, temperature, chunk_size)]
-    return _cat(out, labels.shape, logits.device)
+    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
+    flat, idx = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
+    if flat.shape[0] == 0: return torch.zeros(labels.shape, device=logits.device)
+    step = _row_chunks(flat.shape[0], flat.shape[1], chunk_size)[0].stop
+    return _LogProb.apply(flat, idx, float(temperature), step).reshape(labels.shape)
 
 # %% ../nbs/01a_core.ipynb #9edcd1f3
 def entropy_from_logits(logits, temperature=1.0, chunk_size=None):
@@ -48,15 +82,11 @@ def entropy_from_logits(logits, temperature=1.0, chunk_size=None):
     return _cat(out, logits.shape[:-1], logits.device)
 
 def logprobs_and_entropy(logits, labels, temperature=1.0, chunk_size=None, with_entropy=True, entropy_grad=False):
-    "Both `logprobs_from_logits` and `entropy_from_logits` in one pass: logits[...,V], labels[...] -> ([...], [...])."
-    idx, lps, ents = labels.reshape(-1), [], []
-    for s, z in _float_chunks(logits, temperature, chunk_size):
-        lse = torch.logsumexp(z, -1)
-        lps.append(z.gather(-1, idx[s, None]).squeeze(-1) - lse)
-        if with_entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):   # a metric unless it is a bonus
-                ents.append(lse - (torch.softmax(z, -1) * z).sum(-1))
-    return _cat(lps, labels.shape, logits.device), (_cat(ents, labels.shape, logits.device) if with_entropy else None)
+    "Both `logprobs_from_logits` and `entropy_from_logits`: logits[...,V], labels[...] -> ([...], [...] or None)."
+    lp = logprobs_from_logits(logits, labels, temperature, chunk_size)
+    if not with_entropy: return lp, None
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):   # a metric unless it is a bonus
+        return lp, entropy_from_logits(logits, temperature, chunk_size)
 
 # %% ../nbs/01a_core.ipynb #6af70663
 def masked_sum(x, mask, dim=None):
