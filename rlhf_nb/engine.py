@@ -685,8 +685,9 @@ def rank_lost(exc, pids):
     text = f"{type(exc).__name__} {exc}".lower()
     if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
     dead = [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
-    what = (f"{' and '.join(dead)} died" if dead else "another rank stopped answering (a collective failed or timed out: "
-            f"{str(exc).strip().splitlines()[0][:120]})")
+    what = (f"{' and '.join(dead)} died" if dead else "another rank did not answer within the process group's timeout "
+            "(--ddp_timeout): it hangs or is stopped" if "timed out" in text or "timeout" in text else
+            f"the connection to another rank broke ({str(exc).strip().splitlines()[0][:80]})")
     return RankLost(f"{what}; this rank (PID {os.getpid()}) stopped too: resume with --resume_from_checkpoint latest")
 
 # %% ../nbs/01b_engine.ipynb #6cc25692

@@ -101,3 +101,31 @@ def test_rank_killed_mid_step_stops_the_run_names_it_and_resume_matches(placemen
     r, _ = run(argv(placement, out, "--resume_from_checkpoint", "latest"))
     assert r.returncode == 0, r.stderr[-3000:]
     assert metrics(out) == metrics(refs / placement)
+
+
+def test_a_rank_that_hangs_stops_the_run_after_ddp_timeout(tmp_path):
+    "SIGSTOP rank 1 (alive, silent: the launcher sees nothing wrong); rank 0 gives up after --ddp_timeout 5 with one line."
+    out = tmp_path / "run"
+    proc = subprocess.Popen(argv("ddp", out, "--ddp_timeout", 5, worker_opts=("--step_sleep", 1)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    t0 = time.time()
+    while not (out / "checkpoint-2/trainer_state.json").exists():
+        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
+    os.kill(pid1, signal.SIGSTOP); stopped = time.time()
+    try:
+        while running(pid0): assert time.time() - stopped < BOUND; time.sleep(0.1)
+        seconds = time.time() - stopped
+    finally: os.kill(pid1, signal.SIGKILL)                              # the launcher would wait ~30 s to kill it itself
+    _, err = proc.communicate(timeout=BOUND)
+    assert 5 <= seconds < 5 + 20, (seconds, err[-3000:])
+    assert ours(err) == [f"[rank 0] rlhf-nb ppo: error: another rank did not answer within the process group's timeout "
+                         f"(--ddp_timeout): it hangs or is stopped; this rank (PID {pid0}) stopped too: resume with "
+                         "--resume_from_checkpoint latest"], err[-3000:]
+
+
+def running(pid):
+    "Whether `pid` still runs (not a zombie)."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError: return False
