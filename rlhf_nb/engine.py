@@ -15,14 +15,15 @@ from .config import ConfigError
 # %% auto #0
 __all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
            'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
-           'save_atomic', 'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics',
-           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'metric_sinks', 'RunLog', 'check_report_to',
-           'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
-           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
-           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
-           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
-           'Interrupted', 'StopSignals', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
+           'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir',
+           'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra',
+           'require_extra', 'metric_sinks', 'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card',
+           'hub_api', 'push_to_hub', 'CarriageReturnLines', 'log_progress', 'rng_state', 'set_rng_state',
+           'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint',
+           'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu',
+           'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
+           'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted', 'StopSignals',
+           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -108,6 +109,31 @@ def append_line(path, line):
     def cut():
         if path.exists(): os.truncate(path, size)
     with disk_guard(path, len(line.encode()), cut), open(path, "a") as f: f.write(line)
+
+# %% ../nbs/01b_engine.ipynb #65a2bcf7
+def distributed_world():
+    "The number of processes of torch.distributed's default group (1 when none is up)."
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+def _collective_device():
+    import torch.distributed as dist
+    return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else torch.device("cpu")
+
+def agree_disk_full(err, path):
+    "Share one write's outcome with every rank (one all_reduce): if any rank's `err` is a DiskFull, every rank raises one for `path`."
+    if distributed_world() > 1:
+        import torch.distributed as dist
+        t = torch.tensor([err.errno, err.need] if err else [0, 0], dtype=torch.float64, device=_collective_device())
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if t[0] and err is None: err = DiskFull(path, int(t[1]), int(t[0]))
+    if err: raise err
+
+@contextlib.contextmanager
+def caught_disk_full(box):
+    "Run a write, keeping a `DiskFull` it raises in `box[0]` instead of raising it (for `agree_disk_full` after)."
+    try: yield
+    except DiskFull as e: box[0] = e
 
 # %% ../nbs/01b_engine.ipynb #82dcf725
 def save_atomic(out, write):
@@ -226,7 +252,7 @@ def metric_sinks(report_to, output_dir, config=None):
 
 # %% ../nbs/01b_engine.ipynb #2fe37e90
 class RunLog:
-    "metrics.jsonl (+ `report_to` sinks) of one run: `open(step)`, then `log(row)`; rows also kept in `history`."
+    "metrics.jsonl (+ `report_to` sinks) of one run: `open(step)`, then `log(row)` on every rank; rows also kept in `history`."
     def __init__(self, output_dir, report_to="none", config=None, is_main=True):
         self.output_dir, self.report_to, self.config, self.is_main = Path(output_dir), report_to, config, is_main
         self.history, self.sinks = [], []
@@ -238,8 +264,10 @@ class RunLog:
 
     def log(self, row):
         self.history.append(row)
-        if not self.is_main: return
-        append_line(self.output_dir / "metrics.jsonl", json.dumps(row) + "\n")       # whole lines, even on a full disk
+        path, box = self.output_dir / "metrics.jsonl", [None]
+        if self.is_main:
+            with caught_disk_full(box): append_line(path, json.dumps(row) + "\n")  # whole lines, even on a full disk
+        agree_disk_full(box[0], path)                                            # every rank stops, or none
         for s in self.sinks: s(row)
 
 # %% ../nbs/01b_engine.ipynb #c81ed191
@@ -376,16 +404,20 @@ def write_checkpoint(output_dir, step, write, state, rank=0, barrier=lambda: Non
     "Write `output_dir/checkpoint-{step}` atomically: `write(tmp)` on rank 0, RNG per rank, `state` last; -> the folder."
     out = Path(output_dir); final, tmp = out / f"checkpoint-{step}", out / f".tmp-checkpoint-{step}"
     need = lambda: max([folder_bytes(tmp)] + [folder_bytes(p) for p in list_checkpoints(out)[-1:]])   # ~ the last one's size
+    box = [None]                                                        # a full disk on any rank: every rank raises
     guard = lambda: disk_guard(final, need, lambda: shutil.rmtree(tmp, ignore_errors=True))
+    def agree(): barrier(); agree_disk_full(box[0], final)
     if rank == 0:
         if tmp.exists(): shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        with guard(): write(tmp)
-    barrier()
-    with guard(): torch.save(rng_state(rng_extra), tmp / f"rng_state_{rank}.pt")
-    barrier()
+        with caught_disk_full(box), guard(): write(tmp)
+    agree()
+    with caught_disk_full(box), guard(): torch.save(rng_state(rng_extra), tmp / f"rng_state_{rank}.pt")
+    agree()
     if rank == 0:
-        with guard(): (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1, default=str))   # last: complete
+        with caught_disk_full(box), guard(): (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1, default=str))   # last
+    agree()
+    if rank == 0:
         aside = out / f".old-checkpoint-{step}"
         if aside.exists(): shutil.rmtree(aside)
         if final.exists(): os.replace(final, aside)                     # never delete before the new one is in place
@@ -630,12 +662,40 @@ def requested(self: StopSignals, accelerator=None):
         dist.all_reduce(t, op=dist.ReduceOp.MAX); n = int(t.item())
     return n or None
 
+# %% ../nbs/01b_engine.ipynb #a7bab5b9
+class RankLost(RuntimeError): "A process of a multi-process run died or stopped answering: the run stopped."
+
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "timeout")
+
+def _running(pid):
+    "Whether process `pid` runs (a zombie, dead but not yet reaped by its launcher, does not)."
+    try: return _pid_alive(pid) and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except (OSError, IndexError): return _pid_alive(pid)
+
+def note_rank_pids(output_dir, ranks, main=True):
+    "Record `ranks` ([pid, host] of each rank) in `output_dir`'s lock file (main process); -> the PIDs on this host, else None."
+    if main:
+        lock = Path(output_dir) / LOCK_NAME
+        held = _read_lock(lock)
+        if held and held.get("pid") == os.getpid(): write_json_atomic(lock, {**held, "ranks": ranks})
+    return [pid if host == socket.gethostname() else None for pid, host in ranks]
+
+def rank_lost(exc, pids):
+    "A RankLost naming the dead rank(s) if `exc` is a collective that failed for a lost peer (`pids`: one per rank), else None."
+    text = f"{type(exc).__name__} {exc}".lower()
+    if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
+    dead = [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    what = (f"{' and '.join(dead)} died" if dead else "another rank did not answer within the process group's timeout "
+            "(--ddp_timeout): it hangs or is stopped" if "timed out" in text or "timeout" in text else
+            f"the connection to another rank broke ({str(exc).strip().splitlines()[0][:80]})")
+    return RankLost(f"{what}; this rank (PID {os.getpid()}) stopped too: resume with --resume_from_checkpoint latest")
+
 # %% ../nbs/01b_engine.ipynb #6cc25692
 class RunGuard:
     "`with RunGuard(output_dir, accelerator) as stop:` the output folder locked (main process) and SIGTERM/SIGINT caught."
     def __init__(self, output_dir, accelerator=None):
         self.output_dir, self.acc, self.stop = Path(output_dir), accelerator, StopSignals()
-        self.main = accelerator is None or accelerator.is_main_process
+        self.main, self.pids = accelerator is None or accelerator.is_main_process, [os.getpid()]
 
     def __enter__(self):
         err = None
@@ -643,14 +703,17 @@ class RunGuard:
             try: lock_output_dir(self.output_dir)
             except OutputDirBusy as e: err = str(e)
         if self.acc is not None and self.acc.num_processes > 1:
-            from accelerate.utils import broadcast_object_list
+            from accelerate.utils import broadcast_object_list, gather_object
             err = broadcast_object_list([err], from_process=0)[0]
+            if not err: self.pids = note_rank_pids(self.output_dir, gather_object([[os.getpid(), socket.gethostname()]]), self.main)
         if err: raise OutputDirBusy(err)
         return self.stop.__enter__()
 
-    def __exit__(self, *exc):
-        self.stop.__exit__(*exc)
+    def __exit__(self, kind, exc, tb):
+        self.stop.__exit__(kind, exc, tb)
         if self.main: unlock_output_dir(self.output_dir)
+        lost = rank_lost(exc, self.pids) if len(self.pids) > 1 else None
+        if lost: raise lost from None
 
 # %% ../nbs/01b_engine.ipynb #d5f750c3
 class LoopCheckpoints:

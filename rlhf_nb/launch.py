@@ -16,7 +16,7 @@ from typing import Optional
 import yaml
 from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import (CorruptCheckpoint, DiskFull, Interrupted, end_distributed, ensure_cpu_distributed, list_checkpoints,
+from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, end_distributed, ensure_cpu_distributed, list_checkpoints,
                             log_progress, model_card, process_state, push_to_hub)
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
@@ -198,7 +198,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull)
+                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull, RankLost)
 
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import copy, dataclasses, json, sys, time, warnings
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -13,7 +14,7 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from accelerate import Accelerator
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, InitProcessGroupKwargs
 from transformers import AutoConfig, set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
@@ -138,6 +139,9 @@ class LoopArgs:
                                  choices=["auto", "on", "off"])
     disable_tqdm: bool = option(False, "Hide the progress bar.")
     max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
+    ddp_timeout: int = option(1800, "Seconds a collective of a multi-process run waits for a rank that stopped answering "
+                              "before the run stops (the process group's timeout; TRL's name). It must exceed the longest "
+                              "stretch one rank works alone: an evaluation, a checkpoint write.")
 
 # %% ../nbs/02_ppo.ipynb #91c8acca
 @dataclass
@@ -153,6 +157,7 @@ class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, Mo
         if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
             raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
         if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
+        if self.ddp_timeout < 1: raise ValueError(f"ddp_timeout must be >= 1 second, got {self.ddp_timeout}")
         if self.parallel_roles not in ("auto", "on", "off"):
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
@@ -198,7 +203,8 @@ def init_workers(self: RLTrainer):
     cfg = self.config
     get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
     self.critic_mode = resolve_critic(cfg)
-    self.accelerator = Accelerator(cpu=accelerate_cpu(), mixed_precision="bf16" if cfg.bf16 else "no")
+    self.accelerator = Accelerator(cpu=accelerate_cpu(), mixed_precision="bf16" if cfg.bf16 else "no",
+                                   kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))])
     self.placement = make_placement(cfg, self.resource_pool_manager, self.critic_mode, cfg.ref_strategy != "none")
     self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
     set_seed(cfg.seed)

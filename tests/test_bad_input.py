@@ -98,7 +98,8 @@ def test_yaml_wrong_types(run, tmp_path, yaml_text, needles):
     ("mini_batch_size", 3, "must be a multiple of mini_batch_size (3)"),
     ("mini_batch_size", 0, ("mini_batch_size must be >= 1", "got 0")),
     ("num_ppo_epochs", 0, "num_ppo_epochs must be >= 1, got 0"),
-], ids=["batch-0", "batch-negative", "mini-batch-negative", "mini-batch-not-dividing", "mini-batch-0", "epochs-0"])
+    ("ddp_timeout", 0, "ddp_timeout must be >= 1 second, got 0"),
+], ids=["batch-0", "batch-negative", "mini-batch-negative", "mini-batch-not-dividing", "mini-batch-0", "epochs-0", "ddp-timeout-0"])
 def test_batch_sizes(run, tmp_path, opt, value, needle):
     one_line(*run("ppo", "--output_dir", tmp_path / "out", *TINY, f"--{opt}", value), *([needle] if isinstance(needle, str) else needle))
     assert not (tmp_path / "out").exists()

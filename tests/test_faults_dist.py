@@ -1,0 +1,131 @@
+"""Faults of a two-process run (2 CPU ranks under `accelerate launch`, DDP and FSDP2), each ending promptly with one line
+and a run that resumes exactly:
+
+- a full disk (a real file-size limit, RLIMIT_FSIZE, set on the launcher and inherited by both ranks) while rank 0
+  writes a metrics line or a checkpoint: EVERY rank stops within seconds (not after the process group's timeout) with
+  the same line naming the path and the space needed; what was written before is intact; resume then matches;
+- a rank killed with SIGKILL in the middle of training: the run stops within seconds, rank 0 says which rank (and PID)
+  died, and `--resume_from_checkpoint latest` reproduces the uninterrupted run's metrics.
+
+The rank PIDs come from the run folder's lock file (`ranks`), which the run writes itself. Runs are those of
+tests/test_fsdp.py (4 tiny PPO steps, checkpoints at 2 and 4)."""
+import json, os, resource, signal, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_fsdp import ARGS, DDP, ENV, FSDP, ROOT, WORKER, metrics
+
+LOCK = ".rlhf_nb.lock"
+BOUND = 60                        # seconds: a stop must come long before the process group's timeout (1800 s)
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU two-process layout")
+PLACEMENTS = {"ddp": (DDP, []), "fsdp": (FSDP, ["--placement", "accelerate"])}
+
+
+def argv(placement, out, *extra, worker_opts=()):
+    config, opts = PLACEMENTS[placement]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), str(WORKER), *map(str, worker_opts), "--",
+            *map(str, ARGS), *opts, "--disable_tqdm", "true", "--output_dir", str(out), *map(str, extra)]
+
+
+def run(cmd, limit=None):
+    "Run `cmd` (optionally under the file-size limit `limit` bytes); -> (completed process, seconds)."
+    pre = (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))) if limit else None
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=ROOT, preexec_fn=pre)
+    return r, time.time() - t0
+
+
+def ours(err): return [l for l in err.splitlines() if "rlhf-nb ppo:" in l]
+
+
+@pytest.fixture(scope="module")
+def refs(tmp_path_factory):
+    "Uninterrupted runs, one per placement."
+    d = tmp_path_factory.mktemp("ref")
+    for p in PLACEMENTS:
+        r, _ = run(argv(p, d / p))
+        assert r.returncode == 0, r.stderr[-3000:]
+    return d
+
+
+@pytest.fixture(scope="module")
+def stopped_at_2(tmp_path_factory):
+    "A DDP run stopped by SIGTERM after step 2 (both ranks): checkpoint-2 and metrics rows 1, 2."
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    r, _ = run(argv("ddp", out, worker_opts=("--signal_at_log", 2, "--signal", "TERM")))
+    assert r.returncode != 0 and (out / "checkpoint-2/trainer_state.json").exists(), r.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("where", ["metrics", "checkpoint"])
+def test_disk_full_on_rank_0_stops_every_rank_with_one_line(where, stopped_at_2, refs, tmp_path):
+    import shutil
+    out = tmp_path / "run"; shutil.copytree(stopped_at_2, out)
+    before = (out / "metrics.jsonl").read_text()
+    limit = len(before.encode()) + 20 if where == "metrics" else 256 * 1024  # the step-3 row / any weights file does not fit
+    r, seconds = run(argv("ddp", out, "--resume_from_checkpoint", "latest"), limit)
+    path = out / ("metrics.jsonl" if where == "metrics" else "checkpoint-4")
+    lines = ours(r.stderr)
+    assert r.returncode != 0 and seconds < BOUND, (seconds, r.stderr[-3000:])
+    assert sorted(l.split("] ", 1)[0] for l in lines) == ["[rank 0", "[rank 1"], lines     # every rank says it
+    assert len({l.split("] ", 1)[1] for l in lines}) == 1, lines                          # the same line
+    assert lines[0].split("] ", 1)[1].startswith(f"rlhf-nb ppo: error: disk full writing {path} (a file reached the size limit"), lines
+    assert "it needs about " in lines[0] and "what was written before it is intact" in lines[0]
+    assert (out / "metrics.jsonl").read_text().startswith(before)
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == ([1, 2] if where == "metrics" else [1, 2, 3, 4])
+    assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2"] and not (out / LOCK).exists()
+    r, _ = run(argv("ddp", out, "--resume_from_checkpoint", "latest"))                # space freed
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert metrics(out) == metrics(refs / "ddp")
+
+
+@pytest.mark.parametrize("placement", ["ddp", "fsdp"])
+def test_rank_killed_mid_step_stops_the_run_names_it_and_resume_matches(placement, refs, tmp_path):
+    out = tmp_path / "run"
+    cmd = argv(placement, out, worker_opts=("--step_sleep", 1))             # a second after each step: the kill lands in step 3
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    t0 = time.time()
+    while not (out / "checkpoint-2/trainer_state.json").exists():
+        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
+    os.kill(pid1, signal.SIGKILL); killed = time.time()
+    _, err = proc.communicate(timeout=BOUND)
+    seconds = time.time() - killed
+    assert proc.returncode != 0 and seconds < BOUND, (seconds, err[-3000:])
+    assert ours(err) == [f"[rank 0] rlhf-nb ppo: error: rank 1 (PID {pid1}) died; this rank (PID {pid0}) stopped too: "
+                         "resume with --resume_from_checkpoint latest"], err[-3000:]
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    r, _ = run(argv(placement, out, "--resume_from_checkpoint", "latest"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert metrics(out) == metrics(refs / placement)
+
+
+def test_a_rank_that_hangs_stops_the_run_after_ddp_timeout(tmp_path):
+    "SIGSTOP rank 1 (alive, silent: the launcher sees nothing wrong); rank 0 gives up after --ddp_timeout 5 with one line."
+    out = tmp_path / "run"
+    proc = subprocess.Popen(argv("ddp", out, "--ddp_timeout", 5, worker_opts=("--step_sleep", 1)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV, cwd=ROOT)
+    t0 = time.time()
+    while not (out / "checkpoint-2/trainer_state.json").exists():
+        assert proc.poll() is None and time.time() - t0 < 240, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
+    os.kill(pid1, signal.SIGSTOP); stopped = time.time()
+    try:
+        while running(pid0): assert time.time() - stopped < BOUND; time.sleep(0.1)
+        seconds = time.time() - stopped
+    finally: os.kill(pid1, signal.SIGKILL)                              # the launcher would wait ~30 s to kill it itself
+    _, err = proc.communicate(timeout=BOUND)
+    assert 5 <= seconds < 5 + 20, (seconds, err[-3000:])
+    assert ours(err) == [f"[rank 0] rlhf-nb ppo: error: another rank did not answer within the process group's timeout "
+                         f"(--ddp_timeout): it hangs or is stopped; this rank (PID {pid0}) stopped too: resume with "
+                         "--resume_from_checkpoint latest"], err[-3000:]
+
+
+def running(pid):
+    "Whether `pid` still runs (not a zombie)."
+    try: return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError: return False
