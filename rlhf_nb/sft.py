@@ -310,7 +310,8 @@ def run_sft(a):
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     close_sinks(sinks)                                                    # tracker files complete, then moved with the folder
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
-                                              "eval_size": len(evals), "args": dataclasses.asdict(a)})
+                                              "eval_size": len(evals), "args": dataclasses.asdict(a),
+                                              "attn_implementation": getattr(model.config, "_attn_implementation", None)})
     return res
 
 # %% ../nbs/00b_sft.ipynb #f0a7c9a4
