@@ -29,3 +29,25 @@ def test_sft_of_a_custom_code_checkpoint_with_trust_remote_code_dtype_and_attent
     cfg, summary = (json.loads((tmp_path / "yes" / f).read_text()) for f in ("config.json", "summary.json"))
     assert cfg["architectures"] == ["TinyRemoteForCausalLM"] and cfg["dtype"] == "bfloat16"    # the folder's class, in bf16
     assert summary["attn_implementation"] == "eager" and summary["args"]["trust_remote_code"] is True
+
+
+def test_ppo_policy_reference_critic_and_reward_model_load_with_the_options(tmp_path, monkeypatch):
+    "One PPOConfig's attn_implementation and torch_dtype reach every model the RL trainer loads from a folder."
+    import torch
+    from rlhf_nb.models import char_tokenizer, tiny_causal_lm, tiny_value_model
+    from rlhf_nb.ppo import PPOConfig, RLTrainer
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    tok = char_tokenizer()
+    for name, model in (("policy", tiny_causal_lm(tok)), ("rm", tiny_value_model(tok, head_std=0.1))):
+        model.save_pretrained(tmp_path / name); tok.save_pretrained(tmp_path / name)
+    cfg = PPOConfig(model_name_or_path=str(tmp_path / "policy"), reward_model_path=str(tmp_path / "rm"), attn_implementation="eager",
+                    torch_dtype="bfloat16", per_device_train_batch_size=2, max_steps=1, arith_train_size=8, eval_steps=0,
+                    output_dir=str(tmp_path / "out"), disable_tqdm=True)
+    t = RLTrainer(cfg).init_workers()
+    roles = {r.name: w for r, w in t.workers.items()}
+    models = {"policy": t.policy, "reference": roles["RefPolicy"].reference.model, "critic": roles["Critic"].value_model,
+              "reward model": t.reward_manager.model_reward.model}
+    for what, m in models.items():
+        assert m.config._attn_implementation == "eager", what
+        assert {p.dtype for p in m.parameters()} == {torch.bfloat16}, what
+    assert type(models["critic"]).__name__ == "Qwen2ForSequenceClassification"        # started from the reward model's folder
