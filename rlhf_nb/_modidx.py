@@ -883,4 +883,5 @@ d = { 'settings': { 'branch': 'main',
                                  'rlhf_nb.workers.prompt_groups': ('workers.html#prompt_groups', 'rlhf_nb/workers.py'),
                                  'rlhf_nb.workers.reference_memory_table': ('workers.html#reference_memory_table', 'rlhf_nb/workers.py'),
                                  'rlhf_nb.workers.sequence_positions': ('workers.html#sequence_positions', 'rlhf_nb/workers.py'),
-                                 'rlhf_nb.workers.shared_prefix_logits': ('workers.html#shared_prefix_logits', 'rlhf_nb/workers.py')}}}
+                                 'rlhf_nb.workers.shared_prefix_logits': ('workers.html#shared_prefix_logits', 'rlhf_nb/workers.py'),
+                                 'rlhf_nb.workers.shared_prompt_cache': ('workers.html#shared_prompt_cache', 'rlhf_nb/workers.py')}}}
