@@ -6,13 +6,16 @@
 from __future__ import annotations
 import threading
 import torch
+import torch.nn as nn
+from transformers import PreTrainedModel
 from fastcore.basics import patch
 from .models import intra_op_threads
 from .ppo import RLTrainer, loss_weights
 from .workers import Role
 
 # %% auto #0
-__all__ = ['run_concurrently', 'resolve_parallel_roles', 'FastRLTrainer']
+__all__ = ['SHORT_ATTENTION_TOKENS', 'run_concurrently', 'resolve_parallel_roles', 'short_sequence_attention', 'set_attention',
+           'FastRLTrainer']
 
 # %% ../nbs/02a_fast.ipynb #851bc65f
 def run_concurrently(tasks, parallel=True):
@@ -43,15 +46,42 @@ def resolve_parallel_roles(mode, world, device):
     if mode == "auto": return world == 1 and device.type == "cpu" and torch.get_num_threads() >= 2
     return mode == "on"
 
+# %% ../nbs/02a_fast.ipynb #388bd7fa
+SHORT_ATTENTION_TOKENS = 256      # prompt + completion tokens up to which eager attention beats sdpa on a CPU
+
+def short_sequence_attention(device, max_tokens, requested=None, limit=SHORT_ATTENTION_TOKENS):
+    "The attention kernel to switch a run's models to: None when `requested` is set or the run is not short on a CPU, else 'eager'."
+    if requested or torch.device(device).type != "cpu" or max_tokens > limit: return None
+    return "eager"
+
+def _outer_models(m):
+    "The outermost transformers models inside module `m` (a causal LM, not also its inner base model)."
+    if isinstance(m, PreTrainedModel): yield m; return
+    for c in m.children(): yield from _outer_models(c)
+
+def set_attention(objects, impl):
+    "Switch every transformers model held by `objects` (modules, or objects whose attributes are modules) to `impl`. -> how many"
+    found = {}
+    for o in objects:
+        for v in ([o] if isinstance(o, nn.Module) else list(vars(o).values()) if hasattr(o, "__dict__") else []):
+            if isinstance(v, nn.Module):
+                for m in _outer_models(v): found[id(m)] = m
+    for m in found.values(): m.set_attn_implementation(impl)
+    return len(found)
+
 # %% ../nbs/02a_fast.ipynb #11fbbcdf
 class FastRLTrainer(RLTrainer):
     "`RLTrainer` with the speed paths: roles side by side, halved micro-batches, deferred first old log-probs."
 
 @patch
 def init_workers(self: FastRLTrainer):
-    "The plain trainer's workers, then whether roles run side by side here."
+    "The plain trainer's workers, then whether roles run side by side here and which attention kernel they use."
     RLTrainer.init_workers(self)
-    self.roles_in_parallel = resolve_parallel_roles(self.config.parallel_roles, self.world, self.accelerator.device)
+    cfg = self.config
+    self.roles_in_parallel = resolve_parallel_roles(cfg.parallel_roles, self.world, self.accelerator.device)
+    longest = max(map(len, getattr(self.train_dataset, "prompt_ids", [[]])), default=0) + cfg.max_completion_length
+    self.attention = short_sequence_attention(self.accelerator.device, longest, cfg.attn_implementation)
+    if self.attention: set_attention([self.policy, *self.workers.values(), getattr(self, "reference", None)], self.attention)
     return self
 
 # %% ../nbs/02a_fast.ipynb #382d74c4
