@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 warnings.filterwarnings("ignore")
 import common as C
+import flops as F
 
 ARMS = {}
 
@@ -25,6 +26,25 @@ def need(part, *names):
     missing = [n for n, g in zip(names, got) if g is None]
     if missing: raise Unavailable(f"rlhf_nb.{part} has no {', '.join(missing)} yet")
     return got if len(got) > 1 else got[0]
+
+
+def bf16(p):
+    "Whether this arm trains in bfloat16 mixed precision (`precision: bf16`); both sides then autocast on the CPU."
+    return p.get("precision", "fp32") == "bf16"
+
+
+def shape_of(model):
+    "The Qwen2 shape of `model` as a dict bench/flops.py reads."
+    c = model.config
+    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
+                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                head_dim=getattr(c, "head_dim", None), vocab_size=c.vocab_size)
+
+
+def prompt_len(tok, rows):
+    "Longest chat-templated prompt of `rows` in tokens (prompts are left-padded to it)."
+    ids = [tok.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True) for r in rows]
+    return max(len(x["input_ids"] if hasattr(x, "keys") else x) for x in ids)
 
 
 def arm(name):
@@ -93,7 +113,7 @@ def _trl_grpo_trainer(p, tok, model, max_steps, timer):
         per_device_train_batch_size=p["prompts"] * p["generations"], num_generations=p["generations"],
         num_iterations=p["updates_per_generation"], max_completion_length=p["max_new_tokens"],
         learning_rate=p["lr"], beta=p.get("beta", 0.0), temperature=p.get("temperature", 1.0),
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=max_steps,
+        bf16=bf16(p), fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=max_steps,
         logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), dataloader_num_workers=0, lr_scheduler_type="constant",
         warmup_steps=0, loss_type=p.get("loss_type", "dapo"), shuffle_dataset=True)
     trainer = GRPOTrainer(model=model, processing_class=tok, reward_funcs=[reward], args=cfg,
@@ -113,7 +133,14 @@ def trl_grpo(p):
     t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
     t = _timing(timer.stamps, k, p["warmup_rounds"], "round")
     tokens_per_round = counter["tokens"] / max(counter["calls"], 1)
-    return dict(**t, tokens_per_round=tokens_per_round, completion_tok_per_s=tokens_per_round / t["round_s"], total_s=total)
+    # executed FLOPs: TRL generates with a KV cache (every row prefills its prompt), runs a no-grad forward for the
+    # old log-probs when it updates more than once per generation, and trains every row's whole sequence
+    S, B, P, R = shape_of(model), p["prompts"] * p["generations"], prompt_len(tok, C.arith_rows(64)), p["max_new_tokens"]
+    k, T = p["updates_per_generation"], P + R - 1
+    fl = (F.generation(S, B, P, R) + (F.forward(S, B, T, R) if k > 1 else 0) + (F.forward(S, B, T, R) if p.get("beta") else 0)
+          + k * F.train(S, B, T, R))
+    return dict(**t, tokens_per_round=tokens_per_round, completion_tok_per_s=tokens_per_round / t["round_s"], total_s=total,
+                flops_per_round=fl, prompt_tokens=P)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -136,7 +163,7 @@ def trl112_ppo(p):
     model = C.policy(tok, seed=seed, path=p.get("init_path"), shape=p.get("shape"))
     value = C.value_model(tok, seed=seed + 1, shape=p.get("shape"))   # the critic has the policy's shape (as rlhf-nb's)
     # TRL's PPO needs a reward *model* (rlhf-nb uses the rule reward); a random non-zero head so scores vary
-    reward = C.value_model(tok, seed=seed + 2, head_std=0.02)
+    reward = C.value_model(tok, seed=seed + 2, head_std=0.02)      # the demo shape at every size: a small fixed cost
     B, mb = p["episodes"], p["mini_batch_size"]
     updates = p["warmup_rounds"] + p["rounds"]
     train = _tokenized_prompts(tok, C.arith_rows(max(B * updates, 256), "train", seed))
@@ -146,14 +173,21 @@ def trl112_ppo(p):
         per_device_train_batch_size=B, gradient_accumulation_steps=1, num_mini_batches=B // mb,
         local_rollout_forward_batch_size=B, total_episodes=B * updates, num_ppo_epochs=p["ppo_epochs"],
         response_length=p["max_new_tokens"], stop_token="eos", learning_rate=p["lr"], temperature=p.get("temperature", 1.0),
-        kl_coef=p.get("kl_coef", 0.05), bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False,
+        kl_coef=p.get("kl_coef", 0.05), bf16=bf16(p), fp16=False, use_cpu=True, gradient_checkpointing=False,
         num_sample_generations=0, logging_steps=1, disable_tqdm=True, seed=seed, missing_eos_penalty=None,
         lr_scheduler_type="constant", per_device_eval_batch_size=16)
     Timer = _trl_timer(); timer = Timer()
     trainer = PPOTrainer(args=cfg, processing_class=tok, model=model, ref_model=None, reward_model=reward,
                          train_dataset=train, eval_dataset=evald, value_model=value, callbacks=[timer])
     t0 = time.perf_counter(); trainer.train(); total = time.perf_counter() - t0
-    return dict(**_timing(timer.stamps, 1, p["warmup_rounds"], "update"), total_s=total, trl_version=trl.__version__)
+    # executed FLOPs: generation; policy, reference, value and reward forwards (TRL 1.12 computes the policy's logits at
+    # every position); per epoch the policy and the value model trained together on every row
+    S, P, R = shape_of(model), prompt_len(tok, C.arith_rows(64)), p["max_new_tokens"]
+    T = P + R
+    fl = (F.generation(S, B, P, R) + 2 * F.forward(S, B, T, T) + F.forward(S, B, T, 0) + F.forward(shape_of(reward), B, T, 0)
+          + p["ppo_epochs"] * (F.train(S, B, T, T) + F.train(S, B, T, 0)))
+    return dict(**_timing(timer.stamps, 1, p["warmup_rounds"], "update"), total_s=total, trl_version=trl.__version__,
+                flops_per_round=fl, prompt_tokens=P)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -171,7 +205,7 @@ def trl_dpo(p):
         output_dir=str(C.WORK / f"trl_dpo_{os.getpid()}"), report_to="none", save_strategy="no",
         per_device_train_batch_size=p["batch_size"], learning_rate=p["lr"], beta=p["beta"], loss_type=["sigmoid"],
         precompute_ref_log_probs=p.get("precompute_ref", True), precompute_ref_batch_size=p["batch_size"],
-        bf16=False, fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=steps, logging_steps=1,
+        bf16=bf16(p), fp16=False, use_cpu=True, gradient_checkpointing=False, max_steps=steps, logging_steps=1,
         disable_tqdm=True, seed=p.get("seed", 0), dataloader_num_workers=0, lr_scheduler_type="constant", max_length=64)
     Timer = _trl_timer(); timer = Timer()
     t0 = time.perf_counter()
@@ -180,7 +214,15 @@ def trl_dpo(p):
     trainer.train(); total = time.perf_counter() - t0
     # setup = trainer construction + train() up to its first step (dataset tokenisation, reference log-prob precompute)
     setup = timer.stamps[0][1] - t0
-    return dict(**_timing(timer.stamps, 1, p["warmup_steps"], "step"), setup_s=setup, total_s=total)
+    P, T = prompt_len(tok, rows[:64]), _pair_len(tok, rows[:64])
+    return dict(**_timing(timer.stamps, 1, p["warmup_steps"], "step"), setup_s=setup, total_s=total,
+                flops_per_round=F.train(shape_of(model), 2 * p["batch_size"], T - 1, T - 1), prompt_tokens=P)
+
+
+def _pair_len(tok, rows):
+    "Longest prompt + completion (+ eos) of the preference rows, in tokens."
+    P = prompt_len(tok, rows)
+    return P + max(len(tok(x, add_special_tokens=False)["input_ids"]) for r in rows for x in (r["chosen"], r["rejected"])) + 1
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -213,7 +255,7 @@ def _grpo_config(p, out_dir, max_steps, max_seconds=None, timing=True):
               max_completion_length=p["max_new_tokens"], learning_rate=p["lr"], temperature=p.get("temperature", 1.0),
               max_steps=max_steps, max_seconds=max_seconds, eval_steps=0, save_steps=0, save_final=False,
               logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), report_to="none", lr_scheduler_type="constant",
-              arith_train_size=p.get("n_train", 2000))
+              arith_train_size=p.get("n_train", 2000), bf16=bf16(p))
     if G is None: kw.update(adv_estimator="grpo", critic="none", use_kl_loss=True)
     if timing:
         # same work as TRL's round: no dropping of all-equal groups (it would skip updates), beta as given
@@ -247,9 +289,28 @@ def nb_grpo(p):
     lens = [h["response/length"] for h in hist if "response/length" in h][p["warmup_rounds"]:]
     tokens = statistics.mean(lens) * p["prompts"] * p["generations"] if lens else None
     return dict(**t, tokens_per_round=tokens, completion_tok_per_s=tokens / t["round_s"] if tokens else None, total_s=total,
+                flops_per_round=_nb_rl_flops(trainer, tok, p["prompts"], p["generations"], p["max_new_tokens"]),
                 phases=_phase_medians(hist, p["warmup_rounds"]), config_source=src,
                 info=f"config: {src}, trainer {type(trainer).__name__}, kl_coef={getattr(cfg, 'kl_coef', None)}, "
                      f"ref={getattr(cfg, 'ref_strategy', None)}, filter_groups={getattr(cfg, 'filter_groups', None)}")
+
+
+def _nb_rl_flops(tr, tok, prompts, G, R):
+    """Executed FLOPs of one step of rlhf-nb's RL trainer, from its settings: generation (every row prefills), the
+    reference and critic forwards, the old-policy forward of the rows the first mini-batch does not cover (deferred
+    into the update) and, per epoch, the actor and critic trained, a group's shared prompt run once when
+    `share_prompt_prefix`."""
+    S, B, P = shape_of(tr.unwrapped_policy), prompts * G, prompt_len(tok, C.arith_rows(64))
+    T, cfg = P + R - 1, tr.config
+    share = dict(prefix=P, prefix_rows=prompts) if G > 1 and cfg.share_prompt_prefix else {}
+    deferred = type(tr).__name__ == "FastRLTrainer" and tr.critic_mode != "shared" and not tr._kl_in_reward()
+    old_rows = B - tr.mini_batch_size if deferred else B
+    critic = tr.critic is not None
+    fl = F.generation(S, B, P, R) + F.forward(S, old_rows, T, R, **share) * (old_rows > 0)
+    fl += F.forward(S, B, T, R, **share) if tr.reference.active else 0
+    fl += F.forward(S, B, T, 0) if critic else 0
+    fl += cfg.num_ppo_epochs * (F.train(S, B, T, R, **share) + (F.train(S, B, T, 0) if critic else 0))
+    return fl
 
 
 @arm("nb_ppo")
@@ -266,13 +327,14 @@ def nb_ppo(p):
               learning_rate=p["lr"], temperature=p.get("temperature", 1.0), kl_coef=p.get("kl_coef", 0.05),
               adv_estimator="gae", ref_strategy="copy", critic=p.get("critic", "separate"), max_steps=updates, eval_steps=0, save_steps=0, save_final=False,
               logging_steps=1, disable_tqdm=True, seed=p.get("seed", 0), report_to="none", lr_scheduler_type="constant",
-              arith_train_size=max(2000, p["episodes"] * updates))
+              arith_train_size=max(2000, p["episodes"] * updates), bf16=bf16(p))
     cfg = PPOConfig(**{k: v for k, v in kw.items() if k in names})
     trainer = _nb_rl_trainer(cfg, tok, model)
     stamps = [(0, *now())]
     _stamp_calls(trainer, "step", stamps)
     t0 = time.perf_counter(); hist = trainer.fit(); total = time.perf_counter() - t0
     return dict(**_timing(stamps, 1, p["warmup_rounds"], "update"), total_s=total,
+                flops_per_round=_nb_rl_flops(trainer, tok, p["episodes"], 1, p["max_new_tokens"]),
                 phases=_phase_medians(hist, p["warmup_rounds"]),
                 info=f"critic={getattr(cfg, 'critic', None)} ({getattr(trainer, 'critic_mode', None)}), ref={cfg.ref_strategy}, "
                      f"kl_coef={cfg.kl_coef}, mini_batch_size={cfg.mini_batch_size}")
@@ -292,7 +354,7 @@ def nb_dpo(p):
               learning_rate=p["lr"], beta=p["beta"], loss_type="sigmoid", max_steps=steps, eval_steps=10**9,
               logging_steps=1, seed=p.get("seed", 0), report_to="none", warmup_steps=0, max_length=64,
               ref_strategy="precompute" if p.get("precompute_ref", True) else "peft", precompute_ref_batch_size=p["batch_size"],
-              num_eval_prompts=0, num_eval_pairs=0)
+              num_eval_prompts=0, num_eval_pairs=0, bf16=bf16(p))
     cfg = DPOConfig(**{k: v for k, v in kw.items() if k in names})
     os.environ["TQDM_DISABLE"] = "1"
     t0 = time.perf_counter()
@@ -302,7 +364,10 @@ def nb_dpo(p):
     t_ref = stamps[0][1]
     _stamp_calls(loop.scheduler, "step", stamps)
     loop.fit(); total = time.perf_counter() - t0
-    return dict(**_timing(stamps, 1, p["warmup_steps"], "step"), setup_s=t_ref - t0, total_s=total)
+    S, P, T = shape_of(model), prompt_len(tok, rows[:64]), _pair_len(tok, rows[:64])
+    share = dict(prefix=P, prefix_rows=p["batch_size"]) if getattr(cfg, "share_prompt_prefix", False) else {}
+    return dict(**_timing(stamps, 1, p["warmup_steps"], "step"), setup_s=t_ref - t0, total_s=total, prompt_tokens=P,
+                flops_per_round=F.train(S, 2 * p["batch_size"], T - 1, T - P, **share), bf16_in_config="bf16" in names)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -542,6 +607,14 @@ def gpu_model(p):
                 peak_gpu_mem_gb=torch.cuda.max_memory_allocated() / 2**30 if cuda else None, gen_peak_gpu_mem_gb=gen_mem,
                 info=f"{name}; N={n_params/1e6:.1f}M params; MFU uses 6*N*tokens (attention FLOPs not counted) over "
                      f"{peak if peak else '?'} TFLOP/s ({peak_src})")
+
+
+@arm("matmul_peak")
+def matmul_peak(p):
+    "This machine's measured matmul throughput (GFLOP/s), fp32 and bf16, at the arms' thread count: MFU's denominator."
+    C.set_threads(p["threads"])
+    return {f"{dt}_gflops": max(F.measure_matmul_peak(dt, n, seconds=p.get("seconds", 1.5)) for n in (1024, 2048))
+            for dt in ("float32", "bfloat16")}
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -32,25 +32,42 @@ def _venv_ok():
     return v == "1.12.0", f"trl {v}"
 
 
+def outer_site_paths():
+    """The import paths of the interpreter running the bench (its site-packages, a virtualenv's included). A side venv
+    made with `--system-site-packages` from inside a virtualenv sees the *base* interpreter's packages instead, so the
+    side venv reads these through a .pth file: trl 1.12 in its own site-packages comes first, torch & co. from here."""
+    import site
+    paths = list(site.getsitepackages()) + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    return [p for p in dict.fromkeys(paths) if Path(p).is_dir()]
+
+
+def make_side_venv(path, packages, python=sys.executable, runner=subprocess.run):
+    """A virtualenv at `path` whose own site-packages holds `packages` (installed by this interpreter's pip, no deps)
+    and that imports everything else from this interpreter's paths; -> (ok, message). Works from a venv or not."""
+    path = Path(path)
+    steps = [[python, "-m", "venv", "--without-pip", "--clear", str(path)]]
+    r = runner(steps[0], capture_output=True, text=True)
+    if r.returncode != 0: return False, f"venv failed: {(r.stderr or r.stdout).strip()[-400:]}"
+    side = next((path / "lib").glob("python*/site-packages"), None)
+    if side is None: return False, f"no site-packages under {path / 'lib'}"
+    (side / "_outer_env.pth").write_text("\n".join(outer_site_paths()) + "\n")
+    cmd = [python, "-m", "pip", "install", "--no-deps", "--target", str(side), *packages]
+    r = runner(cmd, capture_output=True, text=True)
+    if r.returncode != 0: return False, f"`{' '.join(cmd[1:])}` failed: {(r.stderr or r.stdout).strip()[-400:]}"
+    return True, f"{path} ({', '.join(packages)} over {len(outer_site_paths())} outer path(s))"
+
+
 def ensure_trl112_venv():
-    "Create bench/.venv-trl112 (system site-packages + trl==1.12.0 without deps) when missing or broken; say so."
+    "Make bench/.venv-trl112 (trl==1.12.0 over this interpreter's packages) when missing or broken; -> (ok, why)."
     ok, why = _venv_ok()
     if ok:
-        log(f"TRL 1.12 virtualenv ok: {VENV112} ({why})"); return True
-    log(f"TRL 1.12 virtualenv {VENV112} not usable ({why}); creating it:")
-    cmds = [[sys.executable, "-m", "venv", "--system-site-packages", str(VENV112)],
-            [str(PY112), "-m", "pip", "install", "--no-deps", "trl==1.12.0"]]
-    for cmd in cmds:
-        log("  $ " + " ".join(cmd))
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            log("  failed:", (r.stderr or r.stdout).strip()[-800:]); return False
-    ok, why = _venv_ok()
-    if not ok and "requests" in why:      # trl imports requests; system site-packages usually has it
-        subprocess.run([str(PY112), "-m", "pip", "install", "requests"], capture_output=True, text=True)
-        ok, why = _venv_ok()
+        log(f"TRL 1.12 virtualenv ok: {VENV112} ({why})"); return True, why
+    log(f"TRL 1.12 virtualenv {VENV112} not usable ({why}); creating it")
+    made, msg = make_side_venv(VENV112, ["trl==1.12.0"])
+    log(f"  {msg}")
+    ok, why = _venv_ok() if made else (False, msg)
     log(f"TRL 1.12 virtualenv {'ready' if ok else 'still broken'} ({why})")
-    return ok
+    return ok, why
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -97,7 +114,7 @@ def summarize(values):
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
 
 
-def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
+def ab(bench, arms, reps, metrics, logf, lower_is_better=None, derive=None):
     """Interleaved A/B/...: for each repetition run every arm once, in order, each in a fresh process.
     `arms`: list of (label, arm_name, params, python). Returns per-arm reps, summaries and ratios arm0/arm1."""
     out = {"arms": {}, "order": []}
@@ -109,6 +126,7 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
             log(f"{bench}: rep {rep + 1}/{reps} {label} ({name}) ...")
             res = run_arm(name, params, python=python, timeout=params.get("timeout", 600), logf=logf)
             res["load_1m"] = (C.load_avg() or [None])[0]
+            if derive and "error" not in res and "unavailable" not in res: derive(res)
             if "unavailable" in res:
                 out["arms"][label]["unavailable"] = res["unavailable"]; log(f"  {label} skipped: {res['unavailable']}")
                 continue
@@ -140,19 +158,49 @@ def ab(bench, arms, reps, metrics, logf, lower_is_better=None):
 # ----------------------------------------------------------------------------------------------------------------
 # The benchmarks
 # ----------------------------------------------------------------------------------------------------------------
-def grpo_params(a):
+def grpo_params(a, size="demo", precision="fp32"):
     return dict(threads=a.threads, prompts=16, generations=8, max_new_tokens=16, updates_per_generation=2, lr=a.lr,
-                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 4, seed=0, init_path=a.init_path)
+                beta=0.0, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 4, seed=0,
+                init_path=a.init_path if size == "demo" else None, shape=C.SIZES[size], precision=precision, size=size)
 
 
-def bench_grpo(a, logf):
-    p = grpo_params(a)
-    res = ab("grpo", [("rlhf-nb", "nb_grpo", p, None), ("trl-1.16", "trl_grpo", p, None)], a.reps,
-             ["round_s", "round_cpu_s", "completion_tok_per_s", "peak_rss_mb"], logf)
-    res["what"] = ("one GRPO round = generate 16 prompts x 8 completions (max 16 new tokens, T=1) + score + 2 optimizer "
-                   "updates on them (TRL: num_iterations=2); fp32, same lr, constant schedule; time after warm-up round(s)")
-    res["target"] = {"round_s": 0.6, "round_cpu_s": 0.6, "peak_rss_mb": 1.0}
+# The targets of the scaling issue, at every size and precision: time ratios (wall and CPU) and peak RSS.
+TARGETS = {"grpo": {"round_s": 0.5, "round_cpu_s": 0.5, "peak_rss_mb": 0.8},
+           "ppo": {"update_s": 0.5, "update_cpu_s": 0.5, "peak_rss_mb": 0.8},
+           "dpo": {"step_s": 0.6, "step_cpu_s": 0.6, "peak_rss_mb": 0.8}}
+TIME_KEY = {"grpo": "round_s", "ppo": "update_s", "dpo": "step_s"}
+FLOP_METRICS = ["gflop_per_round", "achieved_gflops", "peak_fraction"]
+
+
+def flop_deriver(kind, peaks, precision):
+    "Adds GFLOP per round, achieved GFLOP/s and the fraction of the measured matmul peak of `precision` to an arm's result."
+    peak = (peaks or {}).get("bfloat16_gflops" if precision == "bf16" else "float32_gflops")
+    def derive(res):
+        fl, t = res.get("flops_per_round"), res.get(TIME_KEY[kind])
+        if not fl or not t: return
+        res["gflop_per_round"] = fl / 1e9
+        res["achieved_gflops"] = fl / t / 1e9
+        if peak: res["peak_fraction"] = res["achieved_gflops"] / peak
+    return derive
+
+
+def _sized(res, kind, size, precision, a):
+    "Labels, targets and the machine peak of one (size, precision) comparison."
+    res["size"], res["precision"] = size, precision
+    res["target"] = TARGETS[kind]
+    res["peak_gflops"] = a.peaks
+    res["what"] += f"; model {size} ({'default tiny shape' if size == 'demo' else C.SIZES[size]}), {precision}"
     return res
+
+
+def bench_grpo(a, logf, size="demo", precision="fp32"):
+    p = grpo_params(a, size, precision)
+    res = ab("grpo", [("rlhf-nb", "nb_grpo", p, None), ("trl-1.16", "trl_grpo", p, None)], a.reps,
+             ["round_s", "round_cpu_s", "completion_tok_per_s", "peak_rss_mb"] + FLOP_METRICS, logf,
+             derive=flop_deriver("grpo", a.peaks, precision))
+    res["what"] = ("one GRPO round = generate 16 prompts x 8 completions (max 16 new tokens, T=1) + score + 2 optimizer "
+                   "updates on them (TRL: num_iterations=2); same lr, constant schedule; time after warm-up round(s)")
+    return _sized(res, "grpo", size, precision, a)
 
 
 def bench_grpo_accuracy(a, logf):
@@ -180,28 +228,31 @@ def grpo_defaults():
     except Exception: return {}
 
 
-def bench_ppo(a, logf, critic="separate"):
+def bench_ppo(a, logf, critic="separate", size="demo", precision="fp32"):
     p = dict(critic=critic, threads=a.threads, episodes=128, mini_batch_size=64, ppo_epochs=2, max_new_tokens=16, lr=a.lr,
-             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 5, seed=0, init_path=a.init_path)
-    ok = ensure_trl112_venv()
-    arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112 if ok else None)]
-    if not ok: arms = arms[:1]
-    res = ab("ppo" if critic == "separate" else "ppo_shared", arms, a.reps, ["update_s", "update_cpu_s", "peak_rss_mb"], logf)
+             kl_coef=0.05, temperature=1.0, warmup_rounds=1, rounds=2 if a.quick else 5, seed=0,
+             init_path=a.init_path if size == "demo" else None, shape=C.SIZES[size], precision=precision, size=size)
+    ok, why = ensure_trl112_venv()
+    if not ok:          # no baseline, no comparison: an error in the report (and the run's exit status), never a silent gap
+        return {"error": f"baseline missing: the TRL 1.12 virtualenv {VENV112} could not be made ({why}); nothing was "
+                         f"compared", "arms": {}, "what": "PPO update vs TRL 1.12", "size": size, "precision": precision}
+    arms = [("rlhf-nb", "nb_ppo", p, None), ("trl-1.12", "trl112_ppo", p, PY112)]
+    res = ab("ppo" if critic == "separate" else "ppo_shared", arms, a.reps,
+             ["update_s", "update_cpu_s", "peak_rss_mb"] + FLOP_METRICS, logf, derive=flop_deriver("ppo", a.peaks, precision))
     res["what"] = ("one PPO update = generate 128 episodes (response length 16) + reward + ref/old log-probs + values + "
-                   "GAE + 2 PPO epochs x 2 minibatches of 64; separate critic; TRL 1.12 also runs a tiny reward model")
-    res["target"] = {"update_s": 0.5, "update_cpu_s": 0.5, "peak_rss_mb": 1.0}
-    if not ok: res["note"] = "TRL 1.12 virtualenv could not be created; only the rlhf-nb arm ran"
-    return res
+                   "GAE + 2 PPO epochs x 2 minibatches of 64; separate critic; TRL 1.12 also runs a reward model of the demo shape")
+    return _sized(res, "ppo", size, precision, a)
 
 
-def bench_dpo(a, logf):
+def bench_dpo(a, logf, size="demo", precision="fp32"):
     p = dict(threads=a.threads, n_pairs=512, batch_size=32, lr=a.lr, beta=0.1, warmup_steps=1 if a.quick else 2,
-             steps=3 if a.quick else 8, seed=0, init_path=a.init_path, precompute_ref=True)
+             steps=3 if a.quick else 8, seed=0, init_path=a.init_path if size == "demo" else None, precompute_ref=True,
+             shape=C.SIZES[size], precision=precision, size=size)
     res = ab("dpo", [("rlhf-nb", "nb_dpo", p, None), ("trl-1.16", "trl_dpo", p, None)], a.reps,
-             ["step_s", "step_cpu_s", "peak_rss_mb", "setup_s"], logf)
+             ["step_s", "step_cpu_s", "peak_rss_mb", "setup_s"] + FLOP_METRICS, logf, derive=flop_deriver("dpo", a.peaks, precision))
     res["what"] = ("one DPO optimizer step on 32 preference pairs of the arithmetic task (chosen = right answer, "
-                   "rejected = wrong), fp32, sigmoid loss beta=0.1, reference log-probs precomputed before training")
-    return res
+                   "rejected = wrong), sigmoid loss beta=0.1, reference log-probs precomputed before training")
+    return _sized(res, "dpo", size, precision, a)
 
 
 def bench_refs(a, logf):
@@ -234,6 +285,7 @@ def bench_gpu(a, logf):
 def bench_ppo_shared(a, logf):
     "rlhf-nb PPO with the critic as a value head on the policy trunk vs TRL 1.12's separate value model (different work)."
     res = bench_ppo(a, logf, critic="shared")
+    res.pop("target", None)
     res["what"] = ("as `ppo`, but rlhf-nb runs critic='shared' (one trunk, a scalar value head: no second backbone to "
                    "run or train) while TRL 1.12 keeps its separate value model: NOT the same work; it shows what the "
                    "shared critic buys")
@@ -268,6 +320,10 @@ def write_md(results):
              f"trl {v.get('trl')} (PPO baseline: trl {(m.get('versions_trl112') or {}).get('trl')} in bench/.venv-trl112), "
              f"peft {v.get('peft')}")
     L.append(f"- torch threads per arm: {m['settings']['threads']}, OMP_WAIT_POLICY={m['settings']['omp_wait_policy']}")
+    if m.get("peak_gflops"):
+        pk = m["peak_gflops"]
+        L.append(f"- measured matmul peak (the MFU denominator, {m['settings']['threads']} threads, n=1024/2048): "
+                 f"fp32 {fmt(pk.get('float32_gflops'))} GFLOP/s, bf16 {fmt(pk.get('bfloat16_gflops'))} GFLOP/s")
     L.append(f"- load (uptime) before the last command: `{m['uptime_before']}`")
     L.append(f"- load (uptime) after the last command:  `{m['uptime_after']}`\n")
     L.append("Ratios are rlhf-nb / TRL from the same run (medians of interleaved repetitions, each arm in a fresh "
@@ -283,6 +339,7 @@ def write_md(results):
     for name, b in m["benches"].items():
         for met, d in (b.get("differences") or {}).items():
             rows.append(f"| {name} | {met} | {100 * d:+.1f} points (rlhf-nb − TRL) | | |")
+        if b.get("error"): rows.append(f"| {name} | ERROR | {b['error'][:200]} | | |")
     if rows:
         L.append("## Ratios (rlhf-nb / TRL)\n")
         L.append("| bench | metric | ratio of medians | paired min–max | target |")
@@ -296,6 +353,7 @@ def write_md(results):
         if b.get("date"): L.append(f"(measured {b['date']}, {b.get('mode', '?')} mode, {b.get('reps', '?')} repetitions, start: "
                                    f"{b.get('init', '?')}; 1-min load before/after: {b.get('load_before')} / {b.get('load_after')})\n")
         if b.get("skipped"): L.append(f"Skipped: {b['skipped']}\n"); continue
+        if b.get("error"): L.append(f"**ERROR: {b['error']}**\n"); continue
         mets = sorted({k for a in b["arms"].values() for k in a["summary"]})
         L.append("| arm | metric | median | min | max | n |")
         L.append("|---|---|---|---|---|---|")
@@ -437,7 +495,14 @@ def parse_args(argv=None):
     ap.add_argument("--sft_seconds", type=float, default=600, help="time limit of the SFT warm start (made once, cached)")
     ap.add_argument("--peak_tflops", type=float, default=None, help="--gpu: override the assumed peak bf16 TFLOP/s")
     ap.add_argument("--out", default=None, help="write results here instead of bench/ (json; md/png beside it)")
+    ap.add_argument("--sizes", default="demo", help=f"grpo/ppo/dpo at these model sizes, comma-separated: {', '.join(C.SIZES)} or all")
+    ap.add_argument("--precision", default="fp32", help="grpo/ppo/dpo in these precisions, comma-separated: fp32, bf16 or all "
+                                                        "(bf16: both sides autocast to bfloat16 on the CPU)")
     a = ap.parse_args(argv)
+    a.sizes = list(C.SIZES) if a.sizes == "all" else [x.strip() for x in a.sizes.split(",") if x.strip()]
+    a.precisions = ["fp32", "bf16"] if a.precision == "all" else [x.strip() for x in a.precision.split(",") if x.strip()]
+    bad = [x for x in a.sizes if x not in C.SIZES] + [x for x in a.precisions if x not in ("fp32", "bf16")]
+    if bad: ap.error(f"unknown size or precision {bad}: sizes are {', '.join(C.SIZES)}, precisions fp32, bf16")
     if a.reps is None: a.reps = 2 if a.quick else 4
     if a.use_sft is None: a.use_sft = not a.quick and not a.gpu      # full mode: timing arms start from the SFT policy
     if a.dry_run and not a.gpu: ap.error("--dry_run only applies with --gpu")
@@ -501,9 +566,17 @@ def main(argv=None):
     before, up_before = C.load_avg(), C.uptime_line()
     log(f"load before: {up_before}")
     cmd = "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    benches = {}
+    benches, a.peaks = {}, None
+    scaled = {"grpo", "ppo", "dpo"}
+    jobs = [(n, None, None) for n in names if n not in scaled]
+    jobs = [(n, sz, pr) for n in names if n in scaled for sz in a.sizes for pr in a.precisions] + jobs
     with open(C.WORK / "arms.log", "a") as logf:
-        for n in names:
+        if any(sz for _, sz, _ in jobs):      # MFU's denominator, measured in this run, before the arms
+            a.peaks = run_arm("matmul_peak", {"threads": a.threads}, logf=logf)
+            log(f"measured matmul peak ({a.threads} threads): " + ", ".join(f"{k} {v:.0f}" for k, v in a.peaks.items()
+                                                                             if isinstance(v, float) and k.endswith("gflops")))
+        for n, size, prec in jobs:
+            key = n if size is None or (size == "demo" and prec == "fp32") else f"{n}@{size}/{prec}"
             t0 = time.time(); lb = C.load_avg()
             est = {"ref_strategies": 40, "rewards": 90}.get(n)
             if a.quick and est and t0 - t_start + est > a.budget:
@@ -512,6 +585,8 @@ def main(argv=None):
                 log(f"{n}: skipped ({res['skipped']})")
             elif n == "grpo_accuracy" and not a.sft_path:
                 res = {"skipped": "rlhf_nb.sft.sft_warm_start is not available (or failed), so there is no SFT start", "arms": {}}
+            elif size is not None:
+                res = BENCHES[n](a, logf, size=size, precision=prec)
             else:
                 res = BENCHES[n](a, logf)
             res.update(date=datetime.datetime.now().isoformat(timespec="seconds"), seconds=round(time.time() - t0, 1),
@@ -519,8 +594,8 @@ def main(argv=None):
                        mode=("gpu-dry_run" if a.dry_run else "gpu") if a.gpu else ("quick" if a.quick else "full"),
                        init=a.init_path or "random init")
             res.setdefault("reps", a.reps)
-            benches[n] = res
-            log(f"{n}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))
+            benches[key] = res
+            log(f"{key}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))
     after, up_after = C.load_avg(), C.uptime_line()
     log(f"load after: {up_after}")
     results = {}
@@ -537,12 +612,15 @@ def main(argv=None):
                   "stand_ins": stand_ins()},
         uptime_before=up_before, uptime_after=up_after, load_before_1m=before and round(before[0], 2),
         load_after_1m=after and round(after[0], 2), wall_seconds=round(time.time() - t_start, 1),
-        benches={**prev, **benches})
+        benches={**prev, **benches}, peak_gflops=a.peaks or results.get("peak_gflops"))
     write_json(results); write_md(results); write_png(results)
     if not a.out and results["mode"] in ("full", "quick") and not a.gpu: update_readme(results)
     log(f"wrote {RESULTS_JSON}, {RESULTS_MD.name}, {RESULTS_PNG.name} in {results['wall_seconds']} s")
     print()
+    failed = []
     for n, b in benches.items():
+        if b.get("error"): print(f"  {n:15s} ERROR: {b['error']}"); failed.append(n)
+        elif b.get("target") and not b.get("ratios"): print(f"  {n:15s} ERROR: no ratio (an arm failed)"); failed.append(n)
         for met, d in (b.get("differences") or {}).items():
             print(f"  {n:15s} {met:22s} rlhf-nb - TRL = {100 * d:+.1f} points")
         for met, r in (b.get("ratios") or {}).items():
@@ -552,7 +630,8 @@ def main(argv=None):
         for label, arm in b.get("arms", {}).items():
             if arm.get("unavailable"): print(f"  {n:15s} {label}: not measured ({arm['unavailable']})")
             if arm.get("errors"): print(f"  {n:15s} {label}: ERROR {arm['errors'][0].splitlines()[-1][:200]}")
-    return 0
+    if failed: log(f"{len(failed)} comparison(s) have no result: {', '.join(failed)} (see above); exit status 1")
+    return 1 if failed else 0
 
 
 def stand_ins():

@@ -167,6 +167,9 @@ def trl_throughput(shape=None, steps=3, warmup_steps=1, prompts_per_step=16, num
 # The GPU run: 16 prompts x 8 completions (GRPO) or 64 prompts (PPO, with a critic and a reference: three 0.5B models),
 # 128 new tokens, bf16. The dry run: the same code at DRY_SHAPE, a few rows, 8 new tokens.
 GPU_RUNS = {"grpo": dict(prompts_per_step=16, num_generations=8), "ppo": dict(prompts_per_step=64)}
+# The 0.5B point of the CPU cost curve (`--cpu`): the real shape, short sequences, a small group, one timed update.
+CPU_RUNS = {"grpo": dict(steps=1, prompts_per_step=2, num_generations=4, max_completion_length=8),
+            "ppo": dict(steps=1, prompts_per_step=4, max_completion_length=8)}
 DRY_RUNS = {"grpo": dict(shape=DRY_SHAPE, steps=2, prompts_per_step=2, num_generations=4, max_completion_length=8, bf16=True),
             "ppo": dict(shape=DRY_SHAPE, steps=1, prompts_per_step=4, max_completion_length=8)}
 COLUMNS = ["impl", "algo", "device", "n_params", "step_s", "rollout_s", "update_s", "gen_tokens_per_s", "tokens_per_s", "tflops",
@@ -182,6 +185,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--algo", choices=["grpo", "ppo", "both"], default="both", help="which trainer to time")
     ap.add_argument("--dry_run", action="store_true", help="the tiny shape on the CPU: checks the code, not the speed")
+    ap.add_argument("--cpu", action="store_true", help="the 0.5B shape on the CPU with short sequences (CPU_RUNS): one timed "
+                                                       "update, its time, peak memory and the fraction of the measured matmul peak")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default=None, help="--cpu: fp32 (default) or bf16 autocast")
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step (GPU run)")
     ap.add_argument("--max_completion_length", type=int, default=128, help="new tokens per completion (GPU run)")
     ap.add_argument("--peak_tflops", type=float, default=None, help="override the assumed peak bf16 TFLOP/s (for MFU)")
@@ -190,6 +196,25 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="also write the results as JSON here")
     a = ap.parse_args(argv)
     import torch
+    if a.cpu:
+        sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+        import flops
+        torch.set_num_threads(min(torch.get_num_threads(), 2) if a.peak_tflops is None else torch.get_num_threads())
+        prec = a.precision or "fp32"
+        peak = a.peak_tflops or flops.measure_matmul_peak("bfloat16" if prec == "bf16" else "float32", 2048) / 1e3
+        results = []
+        for algo in (["grpo", "ppo"] if a.algo == "both" else [a.algo]):
+            r = rl_throughput(algo, peak_tflops=peak, bf16=prec == "bf16", **CPU_RUNS[algo])
+            r.update(device=f"cpu ({torch.get_num_threads()} threads)", measured_peak_tflops=peak,
+                     peak_source="given with --peak_tflops" if a.peak_tflops else "matmul 2048x2048 measured in this run")
+            results.append(r)
+        cols = ["algo", "dtype", "n_params", "step_s", "rollout_s", "logprobs_s", "update_s", "tokens_per_s", "tflops",
+                "mfu", "peak_rss_gb"]
+        print("  ".join(cols))
+        for r in results: print("  ".join(_fmt(r.get(c)) for c in cols))
+        if a.out:
+            with open(a.out, "w") as f: json.dump(results, f, indent=1)
+        return 0
     if not a.dry_run and not torch.cuda.is_available():
         print("bench/throughput.py: no CUDA device here, nothing measured (--dry_run checks the code on the CPU)")
         return 0

@@ -20,7 +20,7 @@ from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .engine import RunGuard, Interrupted, accelerate_cpu, process_state, gather_checksums, peak_memory
-from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_tokenizer, wrap_lora, enable_gradient_checkpointing
+from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 from .workers import shared_prefix_logits, sequence_positions
@@ -173,7 +173,7 @@ class _DPOLoss:
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
-class DPOConfig(_DPOLoss, _DPOData):
+class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
     learning_rate: float = option(2e-4, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
@@ -515,8 +515,8 @@ def from_config(cls: DPOTrainer, config, model=None, tokenizer=None):
     path = config.model_name_or_path
     if path == "tiny" and config.warm_start_dir and model is None:
         with process_state().main_process_first(): path = sft_warm_start(config.warm_start_dir)
-    tokenizer = ensure_chat_ready(tokenizer or load_tokenizer(path, verbose=False), verbose=False)
-    model = model or load_causal_lm(path, seed=config.seed)
+    tokenizer = ensure_chat_ready(tokenizer or load_tokenizer(path, verbose=False, **load_kwargs(config)), verbose=False)
+    model = model or load_causal_lm(path, seed=config.seed, **load_kwargs(config))
     train, ev, prompts = dpo_data(config, model, tokenizer)                   # seeded: the same pairs on every process
     return cls(config, model, tokenizer, train, ev, prompts)
 

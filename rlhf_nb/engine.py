@@ -13,17 +13,18 @@ from fastcore.basics import patch
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME', 'write_json_atomic',
-           'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
-           'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir',
-           'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra',
-           'require_extra', 'metric_sinks', 'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card',
-           'hub_api', 'push_to_hub', 'CarriageReturnLines', 'log_progress', 'rng_state', 'set_rng_state',
-           'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint',
-           'read_checked', 'torch_load', 'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu',
-           'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
-           'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted', 'StopSignals',
-           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
+__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME',
+           'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard',
+           'file_size_limit', 'append_line', 'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic',
+           'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'trl_names',
+           'MissingExtra', 'require_extra', 'close_sinks', 'metric_sinks', 'RunLog', 'check_report_to',
+           'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
+           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
+           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
+           'Interrupted', 'StopSignals', 'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints',
+           'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -159,12 +160,16 @@ def fresh_output_dir(path, overwrite=False):
         raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
     return p
 
+TRACKER_FOLDERS = ("tensorboard", "wandb", "trackio")
+
 def save_model_folder(out, model, tokenizer, history, summary):
-    "Write model and tokenizer (`save_pretrained`), `metrics.jsonl` and `summary.json` to folder `out` atomically; -> out."
+    "Write model, tokenizer, `metrics.jsonl` and `summary.json` to folder `out` atomically, keeping its tracker folders; -> out."
     def write(tmp):
         model.save_pretrained(tmp); tokenizer.save_pretrained(tmp)
         (tmp / "metrics.jsonl").write_text("".join(json.dumps(h) + "\n" for h in history))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+        for name in TRACKER_FOLDERS:                                     # written live during the run: they move along
+            if (Path(out) / name).is_dir(): shutil.move(str(Path(out) / name), str(tmp / name))
     return save_atomic(out, write)
 
 # %% ../nbs/01b_engine.ipynb #38898340
@@ -217,28 +222,37 @@ def require_extra(module, extra, what):
     except ImportError: raise MissingExtra(f"{what} needs the {module.split('.')[0]} package: pip install 'rlhf-nb[{extra}]'") from None
 
 # %% ../nbs/01b_engine.ipynb #d74f09c0
+def _closing(log, close):
+    "`log` with an idempotent `log.close()`, also run at exit: a stage finishes its tracker before it moves the folder."
+    done = []
+    def once():
+        if not done: done.append(True); close()
+    log.close = once; atexit.register(once)
+    return log
+
+def close_sinks(sinks):
+    "Finish each tracker run of `sinks` (from `metric_sinks`) now rather than at exit."
+    for s in sinks: getattr(s, "close", lambda: None)()
+
 def _tensorboard_sink(output_dir, config=None):
     tb = require_extra("torch.utils.tensorboard", "tensorboard", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
-    atexit.register(tb.close)
     def log(m):
         for k, v in trl_names(m).items(): tb.add_scalar(k, v, m["step"])
         tb.flush()
-    return log
+    return _closing(log, tb.close)
 
 def _wandb_sink(output_dir, config=None):
     wandb = require_extra("wandb", "wandb", "report_to=wandb")
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
                      dir=str(output_dir), reinit="create_new")
-    atexit.register(run.finish)
-    return lambda m: run.log(trl_names(m), step=int(m["step"]))
+    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish)
 
 def _trackio_sink(output_dir, config=None):
     os.environ.setdefault("TRACKIO_DIR", str(Path(output_dir) / "trackio"))         # read when trackio is first imported
     trackio = require_extra("trackio", "trackio", "report_to=trackio")
     run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
                        embed=False, auto_log_cpu=False, auto_log_gpu=False)
-    atexit.register(run.finish)
-    return lambda m: run.log(trl_names(m), step=int(m["step"]))
+    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish)
 
 METRIC_SINKS = {"tensorboard": _tensorboard_sink, "wandb": _wandb_sink, "trackio": _trackio_sink}
 

@@ -27,7 +27,7 @@ from .ppo import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
 from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
-from .trl_pipelines import trl_main
+from .trl_pipelines import parse_trl_args, trl_main, trl_ppo_config
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'STAGE_INPUTS',
@@ -341,15 +341,33 @@ register_algorithm("grpo", lambda: GRPOConfig, run_rl, "GRPO (group-relative adv
 register_algorithm("dpo", lambda: DPOConfig, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
 
 # %% ../nbs/04_launch.ipynb #8e392f47
+def _launch_flags(argv):
+    "`argv` without --accelerate_config and LAUNCH_FLAGS: -> (argv, config, {flag: value}), integers checked."
+    inner, config = _pop_option(argv, "accelerate_config")
+    flags = {}
+    for k in LAUNCH_FLAGS:
+        inner, v = _pop_option(inner, k)
+        if v is not None and k != "main_process_ip":
+            try: v = int(v)
+            except ValueError: raise ConfigError(f"--{k} must be an integer, not {v!r}") from None
+        flags[k] = v
+    return inner, config, flags
+
+def _check_trl(argv, world_size=1):
+    "Parse `rlhf-nb trl NAME ARGV`'s options with TRL's parser (ppo: its TRL-name mapping), so bad input stops before a launch."
+    if not argv or argv[0].startswith("-"): raise ConfigError("rlhf-nb trl: name the trainer (sft, dpo, grpo, rloo, reward, ppo) first")
+    if argv[0].lower() == "ppo": trl_ppo_config(argv[1:], world_size=world_size)
+    else: parse_trl_args(argv[0], argv[1:])
+
 def relaunch(name, argv, dry_run=False):
     "Check `rlhf-nb NAME ARGV` here, then run it under `accelerate launch` with its --accelerate_config. Returns the exit status."
-    if name not in ALGORITHMS:
-        raise ConfigError(f"--accelerate_config applies to the training subcommands ({', '.join(ALGORITHMS)}), not {name!r}")
-    _, data_args, largs = parse_train_args(name, argv)                      # every option checked before any process starts
-    path, settings = check_accelerate_config(largs.accelerate_config)
-    inner = _pop_option(argv, "accelerate_config")[0]
-    for k in LAUNCH_FLAGS: inner = _pop_option(inner, k)[0]
-    cmd = launch_command(path, [name, *inner], **{k: getattr(largs, k) for k in LAUNCH_FLAGS})
+    if name not in ALGORITHMS and name != "trl":
+        raise ConfigError(f"--accelerate_config applies to the training subcommands ({', '.join(ALGORITHMS)}, trl), not {name!r}")
+    inner, config, flags = _launch_flags(argv)
+    if name != "trl": parse_train_args(name, argv)                           # every option checked before any process starts
+    path, settings = check_accelerate_config(config)
+    if name == "trl": _check_trl(inner, flags["num_processes"] or int(settings.get("num_processes", 1) or 1))
+    cmd = launch_command(path, [name, *inner], **flags)
     if dry_run: return cmd
     print(f"rlhf-nb: {' '.join(cmd)}", file=sys.stderr)
     return subprocess.call(cmd, env=launch_env(settings))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00a_models.ipynb #64683acd
 from __future__ import annotations
-import copy, dataclasses, os, string
+import copy, dataclasses, json, os, string
 from contextlib import contextmanager
 import torch.nn as nn
 from pathlib import Path
@@ -14,6 +14,7 @@ from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
 from dataclasses import dataclass
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from typing import Optional
 from .config import ConfigError, option
 
@@ -22,8 +23,9 @@ __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DE
            'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
            'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
            'disable_dropout', 'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config',
-           'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'load_tokenizer', 'load_causal_lm',
-           'load_value_model', 'check_model_path']
+           'LoadArgs', 'load_options', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes',
+           'pretrained_kwargs', 'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model',
+           'custom_code_folder', 'check_model_path']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -254,6 +256,22 @@ def quantization_config(load_in_4bit=False, load_in_8bit=False, bnb_4bit_quant_t
     return BitsAndBytesConfig(load_in_4bit=load_in_4bit, load_in_8bit=load_in_8bit, bnb_4bit_quant_type=bnb_4bit_quant_type,
                               bnb_4bit_compute_dtype=_dtype(bnb_4bit_compute_dtype), bnb_4bit_use_double_quant=bnb_4bit_use_double_quant)
 
+# %% ../nbs/00a_models.ipynb #8a299ebc
+@dataclass
+class LoadArgs:
+    "How a model is read from a folder or the hub, under `trl.ModelConfig`'s option names."
+    trust_remote_code: bool = option(False, "Run the Python a model folder or hub repo ships for its architecture (auto_map in config.json); off: that code runs on this machine.")
+    model_revision: str = option("main", "Hub branch, tag or commit of model_name_or_path (hub names only: a local folder has no revisions).")
+    attn_implementation: Optional[str] = option(None, "Attention kernel: eager, sdpa, flash_attention_2, ... (default: transformers' choice).")
+    torch_dtype: Optional[str] = option(None, "dtype the weights are loaded in: float32, bfloat16, float16, or auto (the checkpoint's own); default float32.")
+
+def load_options(a, revision=True):
+    "The loader keyword arguments (trust_remote_code, attn_implementation, dtype, revision) that config `a` carries."
+    kw = {"trust_remote_code": bool(getattr(a, "trust_remote_code", False)), "attn_implementation": getattr(a, "attn_implementation", None),
+          "dtype": getattr(a, "torch_dtype", None)}
+    if revision: kw["revision"] = getattr(a, "model_revision", None)
+    return kw
+
 # %% ../nbs/00a_models.ipynb #814dd03d
 @dataclass
 class PeftArgs:
@@ -270,11 +288,13 @@ class PeftArgs:
     bnb_4bit_compute_dtype: str = option("bfloat16", "Compute dtype of 4-bit layers.")
     bnb_4bit_use_double_quant: bool = option(True, "Quantize the 4-bit quantization constants too.")
 
-def load_kwargs(a):
-    "`from_pretrained` keyword arguments for PeftArgs `a`: the quantization config, when one is asked for."
+def load_kwargs(a, revision=True):
+    "Loader keyword arguments for config `a`: its LoadArgs options, and the quantization config PeftArgs ask for."
+    kw = load_options(a, revision)
+    if not isinstance(a, PeftArgs): return kw
     q = quantization_config(a.load_in_4bit, a.load_in_8bit, a.bnb_4bit_quant_type, a.bnb_4bit_compute_dtype,
                             a.bnb_4bit_use_double_quant, a.use_peft)
-    return {"quantization_config": q} if q is not None else {}
+    return {**kw, "quantization_config": q} if q is not None else kw
 
 def prepare_for_training(model, a, task_type="CAUSAL_LM"):
     "`model` with PeftArgs `a` applied: k-bit preparation (quantized), LoRA (use_peft), gradient checkpointing."
@@ -314,37 +334,102 @@ def _dtype(dtype):
     "The torch dtype `dtype` names: None → float32, 'bfloat16' → torch.bfloat16; 'auto' and dtypes pass through."
     if dtype is None: return torch.float32
     if isinstance(dtype, str) and dtype != "auto":
-        if not isinstance(getattr(torch, dtype, None), torch.dtype): raise ValueError(f"unknown dtype {dtype!r}")
+        if not isinstance(getattr(torch, dtype, None), torch.dtype): raise ConfigError(f"unknown dtype {dtype!r} (torch_dtype: float32, bfloat16, float16 or auto)")
         return getattr(torch, dtype)
     return dtype
 
+# %% ../nbs/00a_models.ipynb #6071a046
+def _custom_code(src):
+    "Why local folder `src` needs its own Python to load (an auto_map for a model_type transformers lacks), or None."
+    p = Path(src) / "config.json"
+    if not p.is_file(): return None
+    c = json.loads(p.read_text())
+    if c.get("auto_map") and c.get("model_type") not in CONFIG_MAPPING: return f"model_type {c.get('model_type')!r} comes from its auto_map code"
+    return None
+
+def _trust_error(what, src, why="it ships its own model code"):
+    return ConfigError(f"{what} {src}: {why}; pass --trust_remote_code to run it (it runs on this machine)")
+
+def pretrained_kwargs(src, what="model_name_or_path", dtype=None, trust_remote_code=False, revision=None, attn_implementation=None):
+    "Checked `from_pretrained` keyword arguments for `src` ('tiny', a folder, a hub name): dtype, trust_remote_code, revision, attn."
+    local = src == "tiny" or Path(src).expanduser().exists()
+    if local and revision not in (None, "main"):
+        raise ConfigError(f"--model_revision {revision}: revisions apply to hub names, and {what} {src} is local (check the revision out there instead)")
+    if local and not trust_remote_code and src != "tiny" and (why := _custom_code(src)): raise _trust_error(what, src, why)
+    kw = {"dtype": _dtype(dtype), "trust_remote_code": bool(trust_remote_code)}
+    if not local and revision is not None: kw["revision"] = revision
+    if attn_implementation: kw["attn_implementation"] = attn_implementation
+    return kw
+
+def _from_pretrained(cls, src, what, **kw):
+    "`cls.from_pretrained(src, **kw)`, transformers' refusal of untrusted custom code reworded as one line naming the option."
+    try: return cls.from_pretrained(src, **kw)
+    except ValueError as e:
+        if "trust_remote_code" in str(e) and not kw.get("trust_remote_code"): raise _trust_error(what, src) from None
+        raise
+
 # %% ../nbs/00a_models.ipynb #7ff8f724
-def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, verbose=True, **kwargs):
-    "A chat-ready tokenizer from `'tiny'`, a local folder or a hub name, with `padding_side` set (`kwargs`: e.g. revision)."
-    src = _resolve(name_or_path, "load_tokenizer")
+def _tiny_as_asked(model, kw):
+    "The fresh tiny model in the asked dtype ('auto' = float32) and attention kernel."
+    model = model.to(torch.float32 if kw["dtype"] == "auto" else kw["dtype"])
+    if kw.get("attn_implementation"): model.set_attn_implementation(kw["attn_implementation"])
+    return model
+
+def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, verbose=True, revision=None, what="model_name_or_path",
+                   dtype=None, attn_implementation=None, quantization_config=None, **kwargs):
+    "A chat-ready tokenizer from `'tiny'`, a local folder or a hub name; the model-only options of `load_kwargs` are accepted and unused."
+    src = _resolve(name_or_path, what)
+    kw = pretrained_kwargs(src, what, trust_remote_code=trust_remote_code, revision=revision)
     if src == "tiny": return char_tokenizer(padding_side=padding_side)
-    tok = AutoTokenizer.from_pretrained(src, padding_side=padding_side, trust_remote_code=trust_remote_code, **kwargs)
+    kw.pop("dtype")
+    tok = _from_pretrained(AutoTokenizer, src, what, padding_side=padding_side, **kw, **kwargs)
     tok.padding_side = padding_side  # some tokenizer classes ignore the keyword
     return ensure_chat_ready(tok, verbose=verbose)
 
-def load_causal_lm(name_or_path, dtype=None, trust_remote_code=False, seed=0, **kwargs):
+def load_causal_lm(name_or_path, dtype=None, trust_remote_code=False, seed=0, revision=None, attn_implementation=None,
+                   what="model_name_or_path", **kwargs):
     "A causal LM from `'tiny'` (fresh, seeded), a local folder or a hub name; float32 unless `dtype` says otherwise."
-    src, dtype = _resolve(name_or_path, "load_causal_lm"), _dtype(dtype)
-    if src == "tiny": return tiny_causal_lm(char_tokenizer(), seed=seed).to(torch.float32 if dtype == "auto" else dtype)
-    return AutoModelForCausalLM.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code, **kwargs)
+    src = _resolve(name_or_path, what)
+    kw = pretrained_kwargs(src, what, dtype, trust_remote_code, revision, attn_implementation)
+    if src == "tiny": return _tiny_as_asked(tiny_causal_lm(char_tokenizer(), seed=seed), kw)
+    return _from_pretrained(AutoModelForCausalLM, src, what, **kw, **kwargs)
+
+def load_config(name_or_path, what="model_name_or_path", trust_remote_code=False, revision=None, **model_options):
+    "The `AutoConfig` of a folder or hub name, under the same checks as the loaders (`model_options`: dtype, attn, unused)."
+    src = _resolve(name_or_path, what)
+    kw = pretrained_kwargs(src, what, trust_remote_code=trust_remote_code, revision=revision); kw.pop("dtype")
+    return _from_pretrained(AutoConfig, src, what, **kw)
 
 # %% ../nbs/00a_models.ipynb #84e021c5
-def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, head_std=0.0, tokenizer=None, **kwargs):
+def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, head_std=0.0, tokenizer=None, revision=None,
+                     attn_implementation=None, what="value_model_path", **kwargs):
     "A `num_labels=1` model from `'tiny'`, a local folder or a hub name; a causal-LM checkpoint gets a fresh head."
-    src = _resolve(name_or_path, "load_value_model")
-    if src == "tiny": return tiny_value_model(char_tokenizer(), seed=seed, head_std=head_std)
-    vm, info = AutoModelForSequenceClassification.from_pretrained(
-        src, num_labels=1, dtype=_dtype(dtype), trust_remote_code=trust_remote_code, output_loading_info=True, **kwargs)
+    src = _resolve(name_or_path, what)
+    kw = pretrained_kwargs(src, what, dtype, trust_remote_code, revision, attn_implementation)
+    if src == "tiny": return _tiny_as_asked(tiny_value_model(char_tokenizer(), seed=seed, head_std=head_std), kw)
+    vm, info = _from_pretrained(AutoModelForSequenceClassification, src, what, num_labels=1, output_loading_info=True, **kw, **kwargs)
     if any(k.startswith("score.") for k in info["missing_keys"]): _init_score_head(vm, head_std, seed)
     if vm.config.pad_token_id is None:
-        tok = tokenizer if tokenizer is not None else load_tokenizer(src, trust_remote_code=trust_remote_code, verbose=False)
+        tok = tokenizer if tokenizer is not None else load_tokenizer(src, trust_remote_code=trust_remote_code, revision=revision,
+                                                                     what=what, verbose=False)
         vm.config.pad_token_id = tok.pad_token_id
     return vm
+
+# %% ../nbs/00a_models.ipynb #55fa31e8
+def custom_code_folder(path, model=None, tokenizer=None, model_type="tinyremote"):
+    "Save the tiny model to `path` as a checkpoint that needs its own Python (auto_map), like hub repos with custom architectures."
+    path, tokenizer = Path(path), tokenizer or char_tokenizer()
+    (model or tiny_causal_lm(tokenizer)).save_pretrained(path); tokenizer.save_pretrained(path)
+    (path / f"configuration_{model_type}.py").write_text(
+        f"from transformers import Qwen2Config\nclass TinyRemoteConfig(Qwen2Config):\n    model_type = {model_type!r}\n")
+    (path / f"modeling_{model_type}.py").write_text(
+        f"from transformers import Qwen2ForCausalLM\nfrom .configuration_{model_type} import TinyRemoteConfig\n"
+        "class TinyRemoteForCausalLM(Qwen2ForCausalLM):\n    config_class = TinyRemoteConfig\n")
+    c = json.loads((path / "config.json").read_text())
+    c.update(model_type=model_type, architectures=["TinyRemoteForCausalLM"],
+             auto_map={"AutoConfig": f"configuration_{model_type}.TinyRemoteConfig", "AutoModelForCausalLM": f"modeling_{model_type}.TinyRemoteForCausalLM"})
+    (path / "config.json").write_text(json.dumps(c, indent=2))
+    return path
 
 # %% ../nbs/00a_models.ipynb #3b9352f3
 def check_model_path(name_or_path, what="model_name_or_path"):

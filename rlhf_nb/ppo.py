@@ -22,7 +22,7 @@ from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
                             NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
 from .data import RLHFDataset, load_split, held_out_spec, render_prompt
-from .models import (load_tokenizer, load_causal_lm, load_value_model, value_model_from_policy, ensure_chat_ready,
+from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)
 from .rewards import RewardManager, ValidationScorer, load_reward_model
 from .sft import greedy_accuracy, generate_greedy, sft_warm_start
@@ -145,7 +145,7 @@ class LoopArgs:
 
 # %% ../nbs/02_ppo.ipynb #91c8acca
 @dataclass
-class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, ModelDataArgs):
+class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         if self.ref_strategy == "peft" and not self.use_peft:
@@ -225,10 +225,10 @@ def _load_policy(self: RLTrainer):
         if path == "tiny" and cfg.warm_start_dir:
             with self.accelerator.main_process_first():
                 path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
-        if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left")
+        if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left", **load_kwargs(cfg))
         if self.policy is None:
             set_seed(cfg.seed)
-            self.policy = load_causal_lm(path, seed=cfg.seed)
+            self.policy = load_causal_lm(path, seed=cfg.seed, **load_kwargs(cfg))
     if self.tokenizer.pad_token_id is None or self.tokenizer.eos_token_id is None: ensure_chat_ready(self.tokenizer)
 
 @patch
@@ -296,7 +296,7 @@ def _build_workers(self: RLTrainer):
 def _reward_manager_from_config(self: RLTrainer):
     "A `RewardManager` for the policy's tokenizer, with the config's `reward_model_path` as its reward model."
     path = self.config.reward_model_path
-    return RewardManager(self.tokenizer, reward_model=load_reward_model(path) if path else None)
+    return RewardManager(self.tokenizer, reward_model=load_reward_model(path, **load_kwargs(self.config, revision=False)) if path else None)
 
 def _model_sources(rows):
     "data_source names of the rows whose reward is a model's (reward_model.style == 'model')."
@@ -329,15 +329,15 @@ def _same_vocab(a, b): return len(a) == len(b) and a.get_vocab() == b.get_vocab(
 def _critic_model(self: RLTrainer, base):
     "The separate critic's starting model: value_model_path, else the reward model (same vocabulary), else `base`'s backbone."
     cfg, tok = self.config, self.tokenizer
-    path = cfg.value_model_path or cfg.value_model_name_or_path
+    path, opts = cfg.value_model_path or cfg.value_model_name_or_path, load_kwargs(cfg, revision=False)  # other repos: no revision
     if path:
-        c = AutoConfig.from_pretrained(path)                          # a classifier's head of another width would not even load
+        c = load_config(path, what="value_model_path", **opts)                          # a classifier's head of another width would not even load
         if (n := getattr(c, "num_labels", 1)) != 1 and any("SequenceClassification" in a for a in c.architectures or []):
             raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
-        return check_value_model(load_value_model(path, tokenizer=tok), tok, path)
+        return check_value_model(load_value_model(path, tokenizer=tok, **opts), tok, path)
     if cfg.reward_model_path:
-        if _same_vocab(load_tokenizer(cfg.reward_model_path, verbose=False), tok):
-            return check_value_model(load_value_model(cfg.reward_model_path, tokenizer=tok), tok, cfg.reward_model_path)
+        if _same_vocab(load_tokenizer(cfg.reward_model_path, verbose=False, what="reward_model_path", **opts), tok):
+            return check_value_model(load_value_model(cfg.reward_model_path, tokenizer=tok, what="reward_model_path", **opts), tok, cfg.reward_model_path)
         warnings.warn(f"reward model {cfg.reward_model_path} uses another tokenizer than the policy: the critic starts from "
                       "the policy's backbone (pass --value_model_path to choose)")
     return value_model_from_policy(base)

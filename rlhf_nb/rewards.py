@@ -17,10 +17,10 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
 from .data import DataError, make_arith, load_split, last_boxed
-from .models import check_model_path, load_tokenizer, load_value_model, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
+from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
-from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder, LoopCheckpoints, RunGuard
+from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
@@ -720,8 +720,8 @@ def pairwise_accuracy(model, tokenizer, rows, max_length=512, batch_size=64):
 # %% ../nbs/01_rewards.ipynb #42f9fa26
 def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=32, max_steps=200, max_length=512,
                        eval_steps=50, margin=None, center_rewards_coefficient=None, weight_decay=0.0, max_seconds=None, seed=0,
-                       checkpoints=None):
-    "Bradley–Terry training on preference rows (`prompt`, `chosen`, `rejected`); returns the history (list of dicts)."
+                       checkpoints=None, on_log=None):
+    "Bradley–Terry training on preference rows (`prompt`, `chosen`, `rejected`); returns the history (each row also to `on_log`)."
     if not rows: raise ValueError("train_reward_model: no preference rows")
     for k in ("prompt", "chosen", "rejected"):
         if k not in rows[0]: raise DataError(f"train_reward_model: preference rows need column {k!r} (row 0 has {sorted(rows[0])})")
@@ -748,6 +748,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
         if eval_rows and (step % eval_steps == 0 or done):
             rec["eval_accuracy"] = pairwise_accuracy(model, tokenizer, eval_rows, max_length); model.train()
         hist.append(rec)
+        if on_log: on_log(rec)                                                   # live: trackers see the step now
         if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, history=hist, generator=g.get_state().tolist()))
         if done: break
     model.eval()
@@ -755,7 +756,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
 
 # %% ../nbs/01_rewards.ipynb #0c7da1ca
 @dataclass
-class RMArgs(PeftArgs):
+class RMArgs(LoadArgs, PeftArgs):
     "Bradley-Terry reward-model training on preference pairs (rlhf_nb.rewards.train_reward_model)."
     model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
     dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
@@ -777,7 +778,7 @@ class RMArgs(PeftArgs):
     save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
+    report_to: str = option("none", "Trackers that get each step's metrics as it is logged: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/01_rewards.ipynb #fb6854dd
 def _rm_pairs(a):
@@ -792,31 +793,33 @@ def run_reward_model(a):
     out = fresh_output_dir(a.output_dir, a.overwrite_output_dir or bool(a.resume_from_checkpoint))
     check_report_to(a.report_to)
     train, evals = _rm_pairs(a)
-    tok = load_tokenizer(a.model_name_or_path)
-    model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, **load_kwargs(a)), a, "SEQ_CLS")
+    tok = load_tokenizer(a.model_name_or_path, **load_kwargs(a))
+    model = prepare_for_training(load_value_model(a.model_name_or_path, seed=a.seed, tokenizer=tok, what="model_name_or_path", **load_kwargs(a)), a, "SEQ_CLS")
     with RunGuard(out) as stop:                     # the folder locked; SIGTERM/SIGINT: checkpoint, then Interrupted
-        ck = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop)
+        ck, sinks = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop), metric_sinks(a.report_to, out, dataclasses.asdict(a))
         hist = train_reward_model(model, tok, train, evals, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                                   max_steps=a.max_steps, max_length=a.max_length, eval_steps=a.eval_steps, margin=a.margin,
                                   center_rewards_coefficient=a.center_rewards_coefficient, max_seconds=a.max_seconds, seed=a.seed,
-                                  checkpoints=ck)
+                                  checkpoints=ck, on_log=lambda r: [s(r) for s in sinks])
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_pairwise_accuracy": pairwise_accuracy(model, tok, evals, a.max_length)}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder that load_reward_model reads
+    close_sinks(sinks)                                                    # tracker files complete, then moved with the folder
     save_model_folder(out, model, tok, hist, {"stage": "rm", "steps": res["steps"], "eval_pairwise_accuracy":
                                               res["eval_pairwise_accuracy"], "args": dataclasses.asdict(a)})
-    report_history(a.report_to, out, hist, dataclasses.asdict(a))
     return res
 
 # %% ../nbs/01_rewards.ipynb #253a35ea
-def load_reward_model(name_or_path, max_length=1024, batch_size=32, normalize=None, dtype=None, trust_remote_code=False):
+def load_reward_model(name_or_path, max_length=1024, batch_size=32, normalize=None, dtype=None, trust_remote_code=False,
+                      attn_implementation=None, revision=None):
     "A `ModelReward` from a saved `num_labels=1` model and its own tokenizer; one-line `ValueError` if it cannot be a reward model."
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
     src = check_model_path(name_or_path, "reward_model_path")
-    n = getattr(AutoConfig.from_pretrained(src, trust_remote_code=trust_remote_code), "num_labels", None)
+    opts = dict(what="reward_model_path", trust_remote_code=trust_remote_code, revision=revision)
+    n = getattr(load_config(src, **opts), "num_labels", None)
     if n != 1: raise ValueError(f"reward model {src} has num_labels={n}: a reward model gives one score per sequence "
                                 "(num_labels=1; train one with `rlhf-nb rm`)")
-    tok = load_tokenizer(src, padding_side="right", trust_remote_code=trust_remote_code, verbose=False)
-    model, info = AutoModelForSequenceClassification.from_pretrained(src, dtype=dtype, trust_remote_code=trust_remote_code,
+    tok = load_tokenizer(src, padding_side="right", verbose=False, **opts)
+    model, info = _from_pretrained(AutoModelForSequenceClassification, src, "reward_model_path", **pretrained_kwargs(src, dtype=dtype, attn_implementation=attn_implementation, **opts),
                                                                      output_loading_info=True)
     head = [k for k in info["missing_keys"] if k.split(".")[0] in ("score", "classifier")]
     if head: raise ValueError(f"reward model {src} has no trained score head ({head[0]} is missing from the checkpoint)")

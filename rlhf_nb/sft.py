@@ -15,10 +15,10 @@ from transformers import GenerationConfig
 from .config import ConfigError, option
 from .data import DataError, make_arith, load_split, render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
-from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
+from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, LoadArgs, load_kwargs, prepare_for_training, is_peft_model
 from .engine import write_json_atomic
 from .rewards import compute_score
-from .engine import check_report_to, fresh_output_dir, report_history, save_model_folder, LoopCheckpoints, RunGuard
+from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
@@ -121,8 +121,8 @@ def _lr_lambda(scheduler, warmup_steps, total_steps):
 def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=128, max_steps=1000, eval_steps=25,
               target_accuracy=None, max_seconds=None, seed=0, lr_scheduler_type="constant", warmup_steps=50,
               weight_decay=0.0, max_grad_norm=1.0, eval_batch_size=256, score_fn=None, max_length=None,
-              fine_eval_steps=None, progress=True, checkpoints=None) -> list[dict]:
-    "Completion-only SFT with AdamW; stops at `target_accuracy` on `eval_rows`, `max_steps` or `max_seconds`. Returns the history."
+              fine_eval_steps=None, progress=True, checkpoints=None, on_log=None) -> list[dict]:
+    "Completion-only SFT with AdamW; stops at `target_accuracy` on `eval_rows`, `max_steps` or `max_seconds`. Returns the history (each row also to `on_log`)."
     if not rows: raise ValueError("sft_train: no training rows")
     if target_accuracy is not None and not eval_rows: raise ValueError("sft_train: target_accuracy needs eval_rows")
     data = [encode_sft_row(tokenizer, r) for r in rows]
@@ -158,6 +158,7 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
             if target_accuracy is not None and ev["accuracy"] >= target_accuracy: done = True
             done = done or (max_seconds is not None and rec["seconds"] >= max_seconds)
         bar.update(1)
+        if on_log: on_log(rec)                                                   # live: trackers see the step now
         if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, order=order, history=history,
                                                                                      last_acc=last_acc), rng)
         if done: break
@@ -244,7 +245,7 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
 
 # %% ../nbs/00b_sft.ipynb #b2073116
 @dataclass
-class SFTArgs(PeftArgs):
+class SFTArgs(LoadArgs, PeftArgs):
     "Supervised fine-tuning with a completion-only loss (rlhf_nb.sft.sft_train)."
     model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
     dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
@@ -269,7 +270,7 @@ class SFTArgs(PeftArgs):
     save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Trackers that get the metrics once the model is saved: none, tensorboard, wandb, trackio (comma separated).")
+    report_to: str = option("none", "Trackers that get each step's metrics as it is logged: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/00b_sft.ipynb #d50dec75
 def _sft_model(a, rows):
@@ -278,7 +279,7 @@ def _sft_model(a, rows):
         texts = [m["content"] for r in rows for m in r["prompt"]] + [r["completion"] for r in rows]
         tok = train_tokenizer(texts, a.tokenizer_vocab_size)
         return tok, tiny_causal_lm(tok, seed=a.seed)
-    return load_tokenizer(a.model_name_or_path), load_causal_lm(a.model_name_or_path, seed=a.seed, **load_kwargs(a))
+    return load_tokenizer(a.model_name_or_path, **load_kwargs(a)), load_causal_lm(a.model_name_or_path, seed=a.seed, **load_kwargs(a))
 
 def _fitting_rows(tok, rows, max_length):
     "The rows whose rendered prompt leaves room for at least one completion token within `max_length`."
@@ -300,21 +301,22 @@ def run_sft(a):
     tok, model = _sft_model(a, train)
     train, model = _fitting_rows(tok, train, a.max_length), prepare_for_training(model, a)
     with RunGuard(out) as stop:                     # the folder locked; SIGTERM/SIGINT: checkpoint, then Interrupted
-        ck = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop)
+        ck, sinks = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop), metric_sinks(a.report_to, out, dataclasses.asdict(a))
         hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                          max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
                          max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
-                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck)
+                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck, on_log=lambda r: [s(r) for s in sinks])
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"] if evals else None}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
+    close_sinks(sinks)                                                    # tracker files complete, then moved with the folder
     save_model_folder(out, model, tok, hist, {"stage": "sft", "steps": res["steps"], "eval_accuracy": res["eval_accuracy"],
-                                              "eval_size": len(evals), "args": dataclasses.asdict(a)})
-    report_history(a.report_to, out, hist, dataclasses.asdict(a))
+                                              "eval_size": len(evals), "args": dataclasses.asdict(a),
+                                              "attn_implementation": getattr(model.config, "_attn_implementation", None)})
     return res
 
 # %% ../nbs/00b_sft.ipynb #f0a7c9a4
 @dataclass
-class EvalArgs:
+class EvalArgs(LoadArgs):
     "Greedy held-out accuracy of a saved policy (rlhf_nb.sft.greedy_accuracy, scored by rlhf_nb.rewards)."
     model_name_or_path: Optional[str] = option(None, "The policy to evaluate: a saved folder (e.g. runs/demo/model) or a hub name. Required.")
     dataset: str = option("arith", "'arith', a dataset name (gsm8k, math), or a parquet file/folder of rule-scored rows.")
@@ -332,7 +334,7 @@ def run_eval(a):
     check_model_path(a.model_name_or_path)
     if a.split not in ("train", "test"): raise ConfigError(f"--split must be train or test, not {a.split!r}")
     rows = load_split(a.dataset, a.split, "rl", a.eval_size, a.seed, a.data_dir, a.dataset_source)
-    tok, model = load_tokenizer(a.model_name_or_path, verbose=False), load_causal_lm(a.model_name_or_path)
+    tok, model = load_tokenizer(a.model_name_or_path, verbose=False, **load_kwargs(a)), load_causal_lm(a.model_name_or_path, **load_kwargs(a))
     res = greedy_accuracy(model.eval(), tok, rows, batch_size=a.batch_size, max_new_tokens=a.max_new_tokens)
     out = {"model": a.model_name_or_path, "dataset": a.dataset, "split": a.split, "accuracy": res["accuracy"],
            "mean_score": res["mean_score"], "n": res["n"], "samples": res["samples"]}

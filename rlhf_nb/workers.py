@@ -4,7 +4,7 @@
 
 # %% ../nbs/01c_workers.ipynb #fcf56724
 from __future__ import annotations
-import copy, enum
+import copy, enum, warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 import torch
@@ -17,8 +17,9 @@ from .models import intra_op_threads, decode_threads, param_bytes, disable_dropo
 
 # %% auto #0
 __all__ = ['Role', 'Reference', 'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel',
-           'ActorModule', 'make_generation_config', 'sequence_positions', 'generate_rollout', 'prompt_groups',
-           'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker', 'RewardWorker']
+           'ActorModule', 'make_generation_config', 'sequence_positions', 'shared_prompt_cache', 'generate_rollout',
+           'prompt_groups', 'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker',
+           'RewardWorker']
 
 # %% ../nbs/01c_workers.ipynb #f2b403df
 class Role(enum.Enum):
@@ -161,14 +162,32 @@ def sequence_positions(attention_mask):
 
 # %% ../nbs/01c_workers.ipynb #ff80be86
 @torch.no_grad()
-def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False, synced=False):
-    "Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors."
+def shared_prompt_cache(model, input_ids, attention_mask, groups):
+    "KV cache of each row's prompt but its last token, each group's prompt run once: [B,P] prompts -> DynamicCache of [B,P-1]."
+    inv = torch.unique(groups, return_inverse=True)[1]
+    B = len(groups)
+    first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
+    cache, m = DynamicCache(), attention_mask[first, :-1]
+    model(input_ids=input_ids[first, :-1], attention_mask=m, position_ids=sequence_positions(m), past_key_values=cache,
+          use_cache=True, logits_to_keep=1)
+    for layer in cache.layers: layer.keys, layer.values = layer.keys[inv], layer.values[inv]     # [G,h,P-1,d] -> [B,h,P-1,d]
+    return cache
+
+@torch.no_grad()
+def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
+                     synced=False, groups=None):
+    """Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors.
+    `groups`[B] (rows of one group hold the same prompt): each prompt is prefilled once (`shared_prompt_cache`)."""
     was_training = model.training
     model.eval()
     gc = copy.deepcopy(generation_config)
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
     with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
-        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced)  # synced: sharded ranks step together
+        share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
+        kw = {"past_key_values": shared_prompt_cache(model, input_ids, attention_mask, groups)} if share else {}
+        with warnings.catch_warnings():                                   # transformers 5.2x renames generate's past_key_values to cache
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced, **kw)  # synced: sharded ranks step together
     if was_training: model.train()
     P = input_ids.shape[1]
     responses = out.sequences[:, P:]                                      # [B,R], R <= max_new_tokens
@@ -263,14 +282,14 @@ def _rows(data, idx):
 @patch
 def generate_sequences(self: ActorRolloutWorker, batch):
     "Sample responses for a prompt batch -> the batch with sequences, masks, positions (and prompt groups) added."
-    dev = self.accelerator.device
+    dev, G = self.accelerator.device, self.config.num_generations
+    ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+    groups = prompt_groups(ids, mask, G) if G > 1 and self.config.share_prompt_prefix else None
     with torch.no_grad(), self.accelerator.autocast():
-        ro = generate_rollout(self.policy, batch["input_ids"].to(dev), batch["attention_mask"].to(dev),
-                              self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                              synced=self.synced_generation)
+        ro = generate_rollout(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
+                              self.tokenizer.pad_token_id, synced=self.synced_generation, groups=groups)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
-    G = self.config.num_generations
-    if G > 1 and self.config.share_prompt_prefix: out["prompt_group"] = prompt_groups(ro["prompts"], ro["prompt_mask"], G)
+    if groups is not None: out["prompt_group"] = groups
     return out
 
 # %% ../nbs/01c_workers.ipynb #5128f069

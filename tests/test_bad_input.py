@@ -152,6 +152,18 @@ def test_missing_model_and_unknown_estimator(run, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+
+def test_bad_load_options(run, tmp_path):
+    one_line(*run("grpo", "--output_dir", tmp_path / "o", *TINY, "--num_generations", 2, "--torch_dtype", "float17"),
+             "unknown dtype 'float17' (torch_dtype: float32, bfloat16, float16 or auto)")
+    one_line(*run("sft", "--output_dir", tmp_path / "s", "--max_steps", 1, "--model_revision", "v2"),
+             "--model_revision v2: revisions apply to hub names, and model_name_or_path tiny is local")
+    from rlhf_nb.models import custom_code_folder
+    src = custom_code_folder(tmp_path / "custom")
+    one_line(*run("dpo", "--output_dir", tmp_path / "d", *TINY_DPO, "--model_name_or_path", src),
+             f"model_name_or_path {src}: model_type 'tinyremote' comes from its auto_map code; pass --trust_remote_code")
+    assert not any((tmp_path / d).exists() for d in ("o", "d")) and not (tmp_path / "s" / "model.safetensors").exists()
+
 # === data ===========================================================================================================
 
 def test_missing_column_console_script(tmp_path):
@@ -580,8 +592,10 @@ def test_trust_remote_code_is_never_on_by_default(mod):
 
 def test_loaders_default_to_no_remote_code():
     from rlhf_nb import models
-    for fn in (models.load_tokenizer, models.load_causal_lm, models.load_value_model):
+    from rlhf_nb.rewards import load_reward_model
+    for fn in (models.load_tokenizer, models.load_causal_lm, models.load_value_model, models.load_config, load_reward_model):
         assert inspect.signature(fn).parameters["trust_remote_code"].default is False, fn.__name__
+    assert models.LoadArgs().trust_remote_code is False
 
 
 def test_yaml_config_cannot_run_code(run, tmp_path):

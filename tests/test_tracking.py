@@ -61,15 +61,22 @@ def test_missing_tracker_is_one_line_naming_the_extra(tmp_path, tracker):
     assert not (tmp_path / "g" / "checkpoint-1").exists()
 
 
-def test_sft_and_rm_send_their_history_to_tensorboard(tmp_path):
-    r = rlhf_nb("sft", "--max_steps", "2", "--eval_steps", "2", "--eval_size", "4", "--n_train", "16",
-                "--per_device_train_batch_size", "4", "--report_to", "tensorboard", "--output_dir", "s", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert tb_tags(tmp_path / "s" / "tensorboard")["loss"] == [1, 2]
-    assert (tmp_path / "s" / "model.safetensors").exists()                    # the model folder kept beside the events
-    r = rlhf_nb("rm", "--max_steps", "2", "--eval_steps", "2", "--eval_size", "4", "--n_train", "8",
-                "--report_to", "tensorboard", "--output_dir", "r", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert tb_tags(tmp_path / "r" / "tensorboard")["loss"] == [1, 2]
+def tb_times(folder, tag="loss"):
+    "(step, wall time) of each `tag` event in the TensorBoard folder."
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    ea = EventAccumulator(str(folder)); ea.Reload()
+    return [(e.step, e.wall_time) for e in ea.Scalars(tag)]
+
+
+def test_sft_and_rm_stream_each_step_to_tensorboard_before_the_model_is_saved(tmp_path):
+    for stage, extra in (("sft", ["--eval_size", "4", "--n_train", "16", "--per_device_train_batch_size", "4"]),
+                         ("rm", ["--eval_size", "4", "--n_train", "8"])):
+        out = tmp_path / stage
+        r = rlhf_nb(stage, "--max_steps", "2", "--eval_steps", "2", *extra, "--report_to", "tensorboard", "--output_dir", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-3000:]
+        events, saved = tb_times(out / "tensorboard"), (out / "summary.json").stat().st_mtime
+        assert [s for s, _ in events] == [1, 2]
+        assert all(t < saved for _, t in events), (events, saved)          # written at each step, not replayed after the save
+        assert (out / "model.safetensors").exists()                         # the model folder kept beside the events
     r = rlhf_nb("sft", "--max_steps", "2", "--report_to", "mlflow", "--output_dir", "bad", cwd=tmp_path)
     assert r.returncode == 2 and "unknown sink 'mlflow'" in r.stderr and not (tmp_path / "bad" / "model.safetensors").exists()

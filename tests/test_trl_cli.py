@@ -88,3 +88,15 @@ def test_trl_pipeline_two_process_accelerate_launch(tmp_path):
     assert r.returncode == 0 and len(out) == 1, r.stderr[-3000:]                  # one summary: rank 0 prints it
     s = json.loads(out[0])
     assert (s["pipeline"], s["steps"], s["world_size"]) == ("dpo", 2, 2)
+
+
+def test_trl_cli_relaunches_itself_under_accelerate_with_two_processes(tmp_path):
+    "`rlhf-nb trl dpo ... --accelerate_config cpu_2proc --num_processes 2`: checked here, then run by `accelerate launch`."
+    r = run(["trl", "dpo", "--max_steps", "2", "--output_dir", "D", *SMALL, "--accelerate_config", "cpu_2proc",
+             "--num_processes", "2"], tmp_path)
+    assert "-m accelerate.commands.launch --config_file" in r.stderr and "-m rlhf_nb.launch trl dpo" in r.stderr, r.stderr[-3000:]
+    out = [l for l in r.stdout.strip().splitlines() if l.startswith('{"')]
+    assert r.returncode == 0 and len(out) == 1, r.stderr[-3000:]                  # one summary: rank 0 prints it
+    assert (json.loads(out[0])["steps"], json.loads(out[0])["world_size"]) == (2, 2)
+    r = run(["trl", "dpo", "--betta", "1", "--accelerate_config", "cpu_2proc"], tmp_path)
+    assert r.returncode == 2 and "--betta" in r.stderr and "accelerate.commands.launch" not in r.stderr
