@@ -9,8 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
-from accelerate.state import AcceleratorState, PartialState
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from . import data
@@ -19,7 +17,7 @@ from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .engine import RunGuard, Interrupted, accelerate_cpu, process_state, gather_checksums, peak_memory
+from .engine import RunGuard, Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
@@ -173,7 +171,7 @@ class _DPOLoss:
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
-class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
+class DPOConfig(_DPOLoss, AccelerateArgs, LoadArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
     learning_rate: float = option(2e-4, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
@@ -190,8 +188,6 @@ class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
     resume_from_checkpoint: str | None = option(None, "A DPO checkpoint folder, or 'latest' (the newest complete one in output_dir).")
     max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.")
     report_to: str = option("none", "'none', 'tensorboard', 'wandb' or 'trackio', comma separated (metrics.jsonl is always written).")
-    bf16: bool = option(False, "bfloat16 mixed precision (GPU, or a CPU with bf16 matmuls): the forwards run under autocast, "
-                        "the weights and the optimizer stay float32.")
 
     def __post_init__(self):
         if self.loss_type not in DPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, not {self.loss_type!r}")
@@ -202,6 +198,7 @@ class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
         if not self.beta > 0: raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base with the adapter disabled)")
+        check_accelerate_args(self)                                       # bf16 and ddp_timeout: the RL trainers' options
 
 # %% ../nbs/03_dpo_grpo.ipynb #22e5676d
 def _perturbed_answer(ans, rng):
@@ -269,13 +266,6 @@ def encode_pairs(tokenizer, rows, config, source="pairs"):
             for r in check_pairs(rows, source)]
 
 # %% ../nbs/03_dpo_grpo.ipynb #62b35799
-def _accelerator(bf16):
-    "The Accelerator of a DPO run; in one process a state left by an Accelerator of the other precision is reset first."
-    want = "bf16" if bf16 else "no"
-    if AcceleratorState._shared_state.get("_mixed_precision", want) != want and PartialState().num_processes == 1:
-        AcceleratorState._reset_state()                                   # accelerate keeps one process-wide state
-    return Accelerator(cpu=accelerate_cpu(), mixed_precision=want)
-
 class DPOTrainer:
     "Direct Preference Optimization of `model` on preference rows: the engine's run shell, data-parallel through `accelerate`."
     def __init__(self, config, model, tokenizer, train_rows, eval_rows=None, eval_prompts=None):
@@ -285,7 +275,7 @@ class DPOTrainer:
         if not self.train_encoded: raise ValueError("train_rows is empty: DPO needs at least one preference pair")
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)                                         # the order of the pairs
-        self.accelerator = acc = _accelerator(config.bf16)
+        self.accelerator = acc = make_accelerator(config)                             # bf16 or not; ddp_timeout
         self.rank, self.world = acc.process_index, acc.num_processes
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
