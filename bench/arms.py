@@ -354,7 +354,7 @@ def nb_dpo(p):
               learning_rate=p["lr"], beta=p["beta"], loss_type="sigmoid", max_steps=steps, eval_steps=10**9,
               logging_steps=1, seed=p.get("seed", 0), report_to="none", warmup_steps=0, max_length=64,
               ref_strategy="precompute" if p.get("precompute_ref", True) else "peft", precompute_ref_batch_size=p["batch_size"],
-              num_eval_prompts=0, num_eval_pairs=0, bf16=bf16(p))
+              num_eval_prompts=0, num_eval_pairs=0, bf16=bf16(p), share_prompt_prefix=p.get("share_prompt_prefix", True))
     cfg = DPOConfig(**{k: v for k, v in kw.items() if k in names})
     os.environ["TQDM_DISABLE"] = "1"
     t0 = time.perf_counter()

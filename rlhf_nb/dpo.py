@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from . import data
@@ -18,15 +17,16 @@ from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, read_train_test, validate_rows
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .engine import RunGuard, Interrupted, accelerate_cpu, process_state, gather_checksums, peak_memory
+from .engine import RunGuard, Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
+from .workers import shared_prefix_logits, sequence_positions
 
 # %% auto #0
 __all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'dpo_loss', 'encode_pair', 'collate_pairs',
-           'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows',
-           'check_pairs', 'encode_pairs', 'DPOTrainer', 'dpo_data', 'dpo_train', 'run_dpo']
+           'collate_shared_prompt', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
+           'arith_preference_rows', 'check_pairs', 'encode_pairs', 'DPOTrainer', 'dpo_data', 'dpo_train', 'run_dpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -80,15 +80,33 @@ def collate_pairs(encoded, pad_token_id):
         comp[i, len(p):len(p) + len(c)] = 1
     return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp}
 
+# %% ../nbs/03_dpo_grpo.ipynb #4993a4d6
+def collate_shared_prompt(encoded, pad_token_id):
+    "B encoded pairs -> 2B rows [left-padded prompt | right-padded answer] (chosen first): input_ids, attention_mask, position_ids, completion_mask [2B,P+R]"
+    P = max(len(e["prompt_ids"]) for e in encoded)
+    R = max(len(e[k]) for e in encoded for k in ("chosen_ids", "rejected_ids"))
+    seqs = [(e["prompt_ids"], e[k]) for k in ("chosen_ids", "rejected_ids") for e in encoded]
+    ids = torch.full((len(seqs), P + R), pad_token_id, dtype=torch.long)
+    attn, comp = torch.zeros(len(seqs), P + R, dtype=torch.long), torch.zeros(len(seqs), P + R, dtype=torch.long)
+    for i, (p, c) in enumerate(seqs):
+        ids[i, P - len(p):P], ids[i, P:P + len(c)] = torch.tensor(p), torch.tensor(c)
+        attn[i, P - len(p):P + len(c)] = 1
+        comp[i, P:P + len(c)] = 1
+    return {"input_ids": ids, "attention_mask": attn, "position_ids": sequence_positions(attn), "completion_mask": comp}
+
 # %% ../nbs/03_dpo_grpo.ipynb #9dce4ddb
-def sequence_logps(model, input_ids, attention_mask, completion_mask):
-    "Sum of log pi(token | prefix) over completion tokens only. [N,L] -> [N]"
+def sequence_logps(model, input_ids, attention_mask, completion_mask, position_ids=None):
+    "Sum of log pi(token | prefix) over completion tokens only. [N,L] -> [N]; with `position_ids`, the layout of `collate_shared_prompt`."
     first = int(completion_mask.float().argmax(-1).min())                 # earliest completion position in the batch
     keep = input_ids.shape[1] - first                                     # logits for positions first-1 .. L-2
-    logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                   logits_to_keep=keep).logits
+    if position_ids is None:
+        logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                       logits_to_keep=keep).logits
+    else:                                                                 # rows i and N/2+i: one pair, one prompt forward
+        pair = torch.arange(input_ids.shape[0] // 2, device=input_ids.device).repeat(2)
+        logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, keep, pair)
     labels, mask = input_ids[:, first:], completion_mask[:, first:]      # [N, L-first]
-    return (logprobs_from_logits(logits.float(), labels) * mask).sum(-1)
+    return (logprobs_from_logits(logits, labels) * mask).sum(-1)
 
 # %% ../nbs/03_dpo_grpo.ipynb #3ddd9361
 def _adapter_off(model, disable_adapter):
@@ -98,14 +116,15 @@ def _adapter_off(model, disable_adapter):
     return model.disable_adapter()
 
 @torch.no_grad()
-def precompute_ref_logps(model, encoded, pad_token_id, batch_size=64, disable_adapter=False):
+def precompute_ref_logps(model, encoded, pad_token_id, batch_size=64, disable_adapter=False, share_prompt_prefix=False):
     "Reference log-probs of every pair, computed once: encoded pairs (N) -> (ref_chosen_logps[N], ref_rejected_logps[N]) on the CPU"
     was_training, dev = model.training, next(model.parameters()).device
     model.eval()
     chosen, rejected = [], []
+    collate = collate_shared_prompt if share_prompt_prefix else collate_pairs
     with _adapter_off(model, disable_adapter):
         for i in range(0, len(encoded), batch_size):
-            batch = {k: v.to(dev) for k, v in collate_pairs(encoded[i:i + batch_size], pad_token_id).items()}
+            batch = {k: v.to(dev) for k, v in collate(encoded[i:i + batch_size], pad_token_id).items()}
             c, r = sequence_logps(model, **batch).chunk(2)
             chosen.append(c.float().cpu()); rejected.append(r.float().cpu())
     model.train(was_training)
@@ -145,11 +164,14 @@ class _DPOLoss:
     lora_alpha: int = option(32, "LoRA scaling alpha.")
     lora_dropout: float = option(0.0, "LoRA dropout.")
     lora_target_modules: list[str] | None = option(None, "Modules that get LoRA (None = PEFT's default for the architecture).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute.")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute "
+                                          "(turns share_prompt_prefix off: it needs the KV cache in training).")
+    share_prompt_prefix: bool = option(True, "Run each pair's prompt once and both answers on its keys/values (same numbers, "
+                                       "less work); False runs the prompt with each answer.")
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
-class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
+class DPOConfig(_DPOLoss, AccelerateArgs, LoadArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
     learning_rate: float = option(2e-4, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
@@ -176,6 +198,7 @@ class DPOConfig(_DPOLoss, LoadArgs, _DPOData):
         if not self.beta > 0: raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base with the adapter disabled)")
+        check_accelerate_args(self)                                       # bf16 and ddp_timeout: the RL trainers' options
 
 # %% ../nbs/03_dpo_grpo.ipynb #22e5676d
 def _perturbed_answer(ans, rng):
@@ -252,14 +275,15 @@ class DPOTrainer:
         if not self.train_encoded: raise ValueError("train_rows is empty: DPO needs at least one preference pair")
         torch.manual_seed(config.seed)
         self.rng = random.Random(config.seed)                                         # the order of the pairs
-        self.accelerator = acc = Accelerator(cpu=accelerate_cpu())
+        self.accelerator = acc = make_accelerator(config)                             # bf16 or not; ddp_timeout
         self.rank, self.world = acc.process_index, acc.num_processes
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if config.gradient_checkpointing: enable_gradient_checkpointing(model)
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
-        self.model = acc.unwrap_model(self.model_wrapped)
+        self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits
+        self.share_prompt = config.share_prompt_prefix and not config.gradient_checkpointing
         warm = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self.run_log = RunLog(config.output_dir, config.report_to, dataclasses.asdict(config), acc.is_main_process)
@@ -279,9 +303,10 @@ def prepare_reference(self: DPOTrainer):
     c = self.config
     if c.ref_strategy != "precompute": return self
     pad = self.tokenizer.pad_token_id
-    self.ref["train"] = precompute_ref_logps(self.model, self.train_encoded, pad, c.precompute_ref_batch_size)
-    if self.eval_encoded:
-        self.ref["eval"] = precompute_ref_logps(self.model, self.eval_encoded, pad, c.precompute_ref_batch_size)
+    with self.accelerator.autocast():                                    # the precision of the training forward
+        for split, enc in (("train", self.train_encoded), ("eval", self.eval_encoded)):
+            if enc: self.ref[split] = precompute_ref_logps(self.model, enc, pad, c.precompute_ref_batch_size,
+                                                           share_prompt_prefix=self.share_prompt)
     return self
 
 # %% ../nbs/03_dpo_grpo.ipynb #4c6df69d
@@ -301,10 +326,12 @@ def compute_loss(self: DPOTrainer, idx, split="train"):
     "DPO loss of pairs `idx` of `split` and TRL-named metrics. -> (loss scalar, metrics dict)"
     c = self.config
     encoded = self.train_encoded if split == "train" else self.eval_encoded
-    batch = collate_pairs([encoded[i] for i in idx], self.tokenizer.pad_token_id)
+    collate = collate_shared_prompt if self.share_prompt else collate_pairs
+    batch = collate([encoded[i] for i in idx], self.tokenizer.pad_token_id)
     batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
-    pc, pr = sequence_logps(self.model_wrapped if split == "train" else self.model, **batch).chunk(2)   # [b], [b]
-    rc, rr = self._ref_logps(split, torch.as_tensor(idx), batch)
+    with self.accelerator.autocast():
+        pc, pr = sequence_logps(self.model_wrapped if split == "train" else self.model, **batch).chunk(2)   # [b], [b] float32
+        rc, rr = self._ref_logps(split, torch.as_tensor(idx), batch)
     lens_c, lens_r = batch["completion_mask"].sum(-1).float().chunk(2)
     losses, cr, rj = dpo_loss(pc, pr, rc, rr, c.beta, c.loss_type, c.label_smoothing, lens_c, lens_r)
     loss = losses.mean()

@@ -5,12 +5,14 @@
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
 import atexit, contextlib, errno, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 import numpy as np
 import torch
 from accelerate.utils import broadcast
 from fastcore.basics import patch
-from .config import ConfigError
+from .config import ConfigError, option
 
 # %% auto #0
 __all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME',
@@ -21,10 +23,10 @@ __all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS',
            'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
            'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
            'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
-           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
-           'Interrupted', 'StopSignals', 'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints',
-           'end_distributed', 'make_adamw']
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'AccelerateArgs',
+           'check_accelerate_args', 'make_accelerator', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
+           'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted', 'StopSignals',
+           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -556,6 +558,31 @@ def process_state():
     "accelerate's `PartialState`, honouring ACCELERATE_USE_CPU (which a bare `PartialState()` ignores)."
     from accelerate import PartialState
     return PartialState(cpu=accelerate_cpu())
+
+# %% ../nbs/01b_engine.ipynb #dd6a98c6
+@dataclass
+class AccelerateArgs:
+    "Precision and process-group options of every trainer that runs under accelerate."
+    bf16: bool = option(False, "bfloat16 mixed precision: the forwards run under autocast, the weights and the optimizer "
+                        "stay float32 (GPU, or a CPU with bf16 matmuls).")
+    ddp_timeout: int = option(1800, "Seconds a collective of a multi-process run waits for a rank that stopped answering "
+                              "before the run stops (the process group's timeout; TRL's name). It must exceed the longest "
+                              "stretch one rank works alone: an evaluation, a checkpoint write.")
+
+def check_accelerate_args(args):
+    "Refuse an `AccelerateArgs` that cannot run (a `ddp_timeout` below one second) with one line."
+    if args.ddp_timeout < 1: raise ValueError(f"ddp_timeout must be >= 1 second, got {args.ddp_timeout}")
+
+def make_accelerator(args):
+    "The `Accelerator` of a run with `AccelerateArgs` `args`: bf16 autocast or none, the process group's timeout."
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import InitProcessGroupKwargs
+    want = "bf16" if args.bf16 else "no"
+    if AcceleratorState._shared_state.get("_mixed_precision", want) != want and process_state().num_processes == 1:
+        AcceleratorState._reset_state()                                  # one process: the precision may change
+    return Accelerator(cpu=accelerate_cpu(), mixed_precision=want,
+                       kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=args.ddp_timeout))])
 
 # %% ../nbs/01b_engine.ipynb #de557c2f
 def merge_rank_metrics(per_rank):

@@ -6,21 +6,20 @@
 from __future__ import annotations
 import copy, dataclasses, json, sys, time, warnings
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
-from accelerate import Accelerator
-from accelerate.utils import gather_object, InitProcessGroupKwargs
+from accelerate.utils import gather_object
 from transformers import AutoConfig, set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted)
+                            NanGuard, TimeBudget, merge_rank_metrics, RunGuard, Interrupted,
+                            AccelerateArgs, check_accelerate_args, make_accelerator)
 from .data import RLHFDataset, load_split, held_out_spec, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)
@@ -118,8 +117,8 @@ class ObjectiveArgs:
 
 # %% ../nbs/02_ppo.ipynb #6505ab0b
 @dataclass
-class LoopArgs:
-    "Steps, evaluation, checkpoints, logging and execution."
+class LoopArgs(AccelerateArgs):
+    "Steps, evaluation, checkpoints, logging and execution (bf16 and ddp_timeout from the engine's `AccelerateArgs`)."
     max_steps: int = option(200, "Number of RL steps (rollout + update).")
     max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).")
     eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).")
@@ -131,7 +130,6 @@ class LoopArgs:
     seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
     report_to: str = option("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb, trackio (comma separated).")
-    bf16: bool = option(False, "bfloat16 mixed precision (GPU).")
     fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); False runs "
                               "this notebook's plain trainer. Read by rlhf_nb.algos.rl_trainer_class, which the command line uses.")
     parallel_roles: str = option("auto", "Fast paths: run independent roles side by side in threads (old-policy/reference/critic "
@@ -139,9 +137,6 @@ class LoopArgs:
                                  choices=["auto", "on", "off"])
     disable_tqdm: bool = option(False, "Hide the progress bar.")
     max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
-    ddp_timeout: int = option(1800, "Seconds a collective of a multi-process run waits for a rank that stopped answering "
-                              "before the run stops (the process group's timeout; TRL's name). It must exceed the longest "
-                              "stretch one rank works alone: an evaluation, a checkpoint write.")
 
 # %% ../nbs/02_ppo.ipynb #91c8acca
 @dataclass
@@ -157,7 +152,7 @@ class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, Lo
         if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
             raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
         if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
-        if self.ddp_timeout < 1: raise ValueError(f"ddp_timeout must be >= 1 second, got {self.ddp_timeout}")
+        check_accelerate_args(self)
         if self.parallel_roles not in ("auto", "on", "off"):
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
@@ -203,8 +198,7 @@ def init_workers(self: RLTrainer):
     cfg = self.config
     get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
     self.critic_mode = resolve_critic(cfg)
-    self.accelerator = Accelerator(cpu=accelerate_cpu(), mixed_precision="bf16" if cfg.bf16 else "no",
-                                   kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(seconds=cfg.ddp_timeout))])
+    self.accelerator = make_accelerator(cfg)                             # bf16 or not; the process group's timeout
     self.placement = make_placement(cfg, self.resource_pool_manager, self.critic_mode, cfg.ref_strategy != "none")
     self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
     set_seed(cfg.seed)

@@ -105,9 +105,12 @@ def test_batch_sizes(run, tmp_path, opt, value, needle):
     assert not (tmp_path / "out").exists()
 
 
-def test_dpo_batch_size_zero(run, tmp_path):
-    one_line(*run("dpo", "--output_dir", tmp_path / "out", *TINY_DPO, "--per_device_train_batch_size", 0),
-             "per_device_train_batch_size must be >= 1, got 0")
+@pytest.mark.parametrize("opt,value,needle", [
+    ("per_device_train_batch_size", 0, "per_device_train_batch_size must be >= 1, got 0"),
+    ("ddp_timeout", 0, "ddp_timeout must be >= 1 second, got 0"),
+], ids=["batch-0", "ddp-timeout-0"])
+def test_dpo_bad_option(run, tmp_path, opt, value, needle):
+    one_line(*run("dpo", "--output_dir", tmp_path / "out", *TINY_DPO, f"--{opt}", value), needle)
     assert not (tmp_path / "out").exists()
 
 
