@@ -19,6 +19,7 @@ from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .engine import RunGuard, Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
+from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 from .workers import shared_prefix_logits, sequence_positions
@@ -280,6 +281,9 @@ class DPOTrainer:
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if config.gradient_checkpointing: enable_gradient_checkpointing(model)
+        longest = max(len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) for e in self.train_encoded + self.eval_encoded)
+        self.attention = short_sequence_attention(acc.device, longest, config.attn_implementation)   # eager for short CPU pairs
+        if self.attention: set_attention([model], self.attention)
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits

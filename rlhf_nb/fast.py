@@ -6,16 +6,13 @@
 from __future__ import annotations
 import threading
 import torch
-import torch.nn as nn
-from transformers import PreTrainedModel
 from fastcore.basics import patch
-from .models import intra_op_threads
+from .models import intra_op_threads, short_sequence_attention, set_attention
 from .ppo import RLTrainer, loss_weights
 from .workers import Role
 
 # %% auto #0
-__all__ = ['SHORT_ATTENTION_TOKENS', 'run_concurrently', 'resolve_parallel_roles', 'short_sequence_attention', 'set_attention',
-           'FastRLTrainer']
+__all__ = ['run_concurrently', 'resolve_parallel_roles', 'FastRLTrainer']
 
 # %% ../nbs/02a_fast.ipynb #851bc65f
 def run_concurrently(tasks, parallel=True):
@@ -45,29 +42,6 @@ def resolve_parallel_roles(mode, world, device):
                          "all-reduces must run in the same order on every rank; use 'auto' or 'off'")
     if mode == "auto": return world == 1 and device.type == "cpu" and torch.get_num_threads() >= 2
     return mode == "on"
-
-# %% ../nbs/02a_fast.ipynb #388bd7fa
-SHORT_ATTENTION_TOKENS = 256      # prompt + completion tokens up to which eager attention beats sdpa on a CPU
-
-def short_sequence_attention(device, max_tokens, requested=None, limit=SHORT_ATTENTION_TOKENS):
-    "The attention kernel to switch a run's models to: None when `requested` is set or the run is not short on a CPU, else 'eager'."
-    if requested or torch.device(device).type != "cpu" or max_tokens > limit: return None
-    return "eager"
-
-def _outer_models(m):
-    "The outermost transformers models inside module `m` (a causal LM, not also its inner base model)."
-    if isinstance(m, PreTrainedModel): yield m; return
-    for c in m.children(): yield from _outer_models(c)
-
-def set_attention(objects, impl):
-    "Switch every transformers model held by `objects` (modules, or objects whose attributes are modules) to `impl`. -> how many"
-    found = {}
-    for o in objects:
-        for v in ([o] if isinstance(o, nn.Module) else list(vars(o).values()) if hasattr(o, "__dict__") else []):
-            if isinstance(v, nn.Module):
-                for m in _outer_models(v): found[id(m)] = m
-    for m in found.values(): m.set_attn_implementation(impl)
-    return len(found)
 
 # %% ../nbs/02a_fast.ipynb #11fbbcdf
 class FastRLTrainer(RLTrainer):

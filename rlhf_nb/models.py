@@ -12,7 +12,7 @@ import torch
 from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                          PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
+                          PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
 from dataclasses import dataclass
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from typing import Optional
@@ -20,12 +20,13 @@ from .config import ConfigError, option
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
-           'TINY_DEFAULTS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready', 'tiny_config', 'count_parameters',
-           'tiny_causal_lm', 'intra_op_threads', 'decode_threads', 'tiny_value_model', 'value_model_from_policy',
-           'disable_dropout', 'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config',
-           'LoadArgs', 'load_options', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes',
-           'pretrained_kwargs', 'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model',
-           'custom_code_folder', 'check_model_path']
+           'TINY_DEFAULTS', 'SHORT_ATTENTION_TOKENS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready',
+           'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads', 'decode_threads',
+           'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'wrap_lora', 'is_peft_model',
+           'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options', 'PeftArgs',
+           'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs', 'load_tokenizer',
+           'load_causal_lm', 'load_config', 'load_value_model', 'custom_code_folder', 'check_model_path',
+           'short_sequence_attention', 'set_attention']
 
 # %% ../nbs/00a_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -440,3 +441,26 @@ def check_model_path(name_or_path, what="model_name_or_path"):
     if s.startswith(("/", ".", "~")) or s.count("/") > 1 or os.sep in s and s.count("/") != 1:
         raise FileNotFoundError(f"--{what}: no such model folder {s!r}")
     return s                                                                  # a hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct
+
+# %% ../nbs/00a_models.ipynb #388bd7fa
+SHORT_ATTENTION_TOKENS = 256      # prompt + completion tokens up to which eager attention beats sdpa on a CPU
+
+def short_sequence_attention(device, max_tokens, requested=None, limit=SHORT_ATTENTION_TOKENS):
+    "The attention kernel to switch a run's models to: `requested` if set, else 'eager' for a short run on a CPU, else None (keep)."
+    if requested: return requested
+    return "eager" if torch.device(device).type == "cpu" and max_tokens <= limit else None
+
+def _outer_models(m):
+    "The outermost transformers models inside module `m` (a causal LM, not also its inner base model)."
+    if isinstance(m, PreTrainedModel): yield m; return
+    for c in m.children(): yield from _outer_models(c)
+
+def set_attention(objects, impl):
+    "Switch every transformers model held by `objects` (modules, or objects whose attributes are modules) to `impl`. -> how many"
+    found = {}
+    for o in objects:
+        for v in ([o] if isinstance(o, nn.Module) else list(vars(o).values()) if hasattr(o, "__dict__") else []):
+            if isinstance(v, nn.Module):
+                for m in _outer_models(v): found[id(m)] = m
+    for m in found.values(): m.set_attn_implementation(impl)
+    return len(found)
