@@ -728,7 +728,10 @@ def rank_lost(exc, pids):
     "A RankLost naming the dead rank(s) if `exc` is a collective that failed for a lost peer (`pids`: one per rank), else None."
     text = f"{type(exc).__name__} {exc}".lower()
     if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
-    dead = [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    gone = lambda: [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    dead, t0, local = gone(), time.monotonic(), any(p not in (None, os.getpid()) for p in pids)
+    while not dead and local and "time" not in text and time.monotonic() - t0 < 2:  # a killed peer's sockets close before it is a zombie
+        time.sleep(0.05); dead = gone()
     what = (f"{' and '.join(dead)} died" if dead else "another rank did not answer within the process group's timeout "
             "(--ddp_timeout): it hangs or is stopped" if "timed out" in text or "timeout" in text else
             f"the connection to another rank broke ({str(exc).strip().splitlines()[0][:80]})")
