@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_engine.ipynb #d97816b1
 from __future__ import annotations
-import atexit, contextlib, errno, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, signal, socket, subprocess, sys, tempfile, threading, time, warnings
+import atexit, contextlib, errno, hashlib, importlib, importlib.util, json, math, os, random, re, resource, shutil, signal, socket, struct, subprocess, sys, tempfile, threading, time, warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +19,7 @@ __all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS',
            'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard',
            'file_size_limit', 'append_line', 'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic',
            'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'trl_names',
-           'MissingExtra', 'require_extra', 'close_sinks', 'metric_sinks', 'RunLog', 'check_report_to',
+           'MissingExtra', 'require_extra', 'close_sinks', 'sink_folder', 'metric_sinks', 'RunLog', 'check_report_to',
            'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
            'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
            'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
@@ -40,7 +40,8 @@ def write_json_atomic(path, obj):
 FULL_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
                errno.EFBIG: "a file reached the size limit (ulimit -f)"}
 _FULL_TEXT = {"os error 28": errno.ENOSPC, "No space left": errno.ENOSPC, "os error 122": errno.EDQUOT,
-              "os error 27": errno.EFBIG, "File too large": errno.EFBIG}
+              "os error 27": errno.EFBIG, "File too large": errno.EFBIG,
+              "database or disk is full": errno.ENOSPC}                      # sqlite (Trackio)
 
 def _free_bytes(path):
     p = Path(path).absolute()
@@ -106,12 +107,13 @@ def file_size_limit(nbytes):
 
 # %% ../nbs/01b_engine.ipynb #a6f982f4
 def append_line(path, line):
-    "Append `line` to file `path`; on a full disk cut the file back to its old length (no half line) and raise DiskFull."
+    "Append `line` (text or bytes) to file `path`; on a full disk cut the file back to its old length (no half line) and raise DiskFull."
     path = Path(path)
     size = path.stat().st_size if path.exists() else 0
     def cut():
         if path.exists(): os.truncate(path, size)
-    with disk_guard(path, len(line.encode()), cut), open(path, "a") as f: f.write(line)
+    data = line if isinstance(line, bytes) else line.encode()
+    with disk_guard(path, len(data), cut), open(path, "ab") as f: f.write(data)
 
 # %% ../nbs/01b_engine.ipynb #65a2bcf7
 def distributed_world():
@@ -124,12 +126,14 @@ def _collective_device():
     return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else torch.device("cpu")
 
 def agree_disk_full(err, path):
-    "Share one write's outcome with every rank (one all_reduce): if any rank's `err` is a DiskFull, every rank raises one for `path`."
+    "Share one write's outcome with every rank (one all_reduce): if any rank's `err` is a DiskFull, every rank raises it. `path`: the file, or a list of the files that write may fill."
+    paths = [Path(q) for q in (path if isinstance(path, (list, tuple)) else [path])]
     if distributed_world() > 1:
         import torch.distributed as dist
-        t = torch.tensor([err.errno, err.need] if err else [0, 0], dtype=torch.float64, device=_collective_device())
+        where = paths.index(err.path) if err and err.path in paths else 0
+        t = torch.tensor([err.errno, err.need, where] if err else [0, 0, 0], dtype=torch.float64, device=_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        if t[0] and err is None: err = DiskFull(path, int(t[1]), int(t[0]))
+        if t[0] and err is None: err = DiskFull(paths[int(t[2])], int(t[1]), int(t[0]))
     if err: raise err
 
 @contextlib.contextmanager
@@ -224,37 +228,60 @@ def require_extra(module, extra, what):
     except ImportError: raise MissingExtra(f"{what} needs the {module.split('.')[0]} package: pip install 'rlhf-nb[{extra}]'") from None
 
 # %% ../nbs/01b_engine.ipynb #d74f09c0
-def _closing(log, close):
-    "`log` with an idempotent `log.close()`, also run at exit: a stage finishes its tracker before it moves the folder."
+def _closing(log, close, folder):
+    "`log` guarded against a full disk in `folder` (DiskFull), with an idempotent `close()` also run at exit; -> the sink."
     done = []
     def once():
         if not done: done.append(True); close()
-    log.close = once; atexit.register(once)
-    return log
+    def at_exit():                                                       # a full disk was already said, in one line
+        try: once()
+        except Exception as e:
+            if full_disk_errno(e) is None: raise
+    def sink(m):
+        with disk_guard(folder, len(json.dumps(trl_names(m)))): log(m)
+    sink.close, sink.folder = once, Path(folder)
+    atexit.register(at_exit)
+    return sink
 
 def close_sinks(sinks):
     "Finish each tracker run of `sinks` (from `metric_sinks`) now rather than at exit."
-    for s in sinks: getattr(s, "close", lambda: None)()
+    for s in sinks:
+        with disk_guard(getattr(s, "folder", ".")): getattr(s, "close", lambda: None)()
+
+def sink_folder(name, output_dir):
+    "The folder the tracker `name` writes its files to for the run in `output_dir`."
+    if name == "trackio": return Path(os.environ.get("TRACKIO_DIR", Path(output_dir) / "trackio"))
+    return Path(output_dir) / name
+
+def _tb_record(event):
+    "One TFRecord: length, its masked CRC, the serialised event, its masked CRC (what TensorBoard reads)."
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+    data = event.SerializeToString(); head = struct.pack("<Q", len(data))
+    return head + struct.pack("<I", masked_crc32c(head)) + data + struct.pack("<I", masked_crc32c(data))
 
 def _tensorboard_sink(output_dir, config=None):
-    tb = require_extra("torch.utils.tensorboard", "tensorboard", "report_to=tensorboard").SummaryWriter(str(Path(output_dir) / "tensorboard"))
-    def log(m):
-        for k, v in trl_names(m).items(): tb.add_scalar(k, v, m["step"])
-        tb.flush()
-    return _closing(log, tb.close)
+    pb = require_extra("tensorboard.compat.proto.event_pb2", "tensorboard", "report_to=tensorboard")
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    folder = sink_folder("tensorboard", output_dir); folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
+    append_line(path, _tb_record(pb.Event(wall_time=time.time(), file_version="brain.Event:2")))
+    def log(m):                                                          # whole records, written now (no writer thread)
+        values = [Summary.Value(tag=k, simple_value=v) for k, v in trl_names(m).items()]
+        append_line(path, _tb_record(pb.Event(wall_time=time.time(), step=int(m["step"]), summary=Summary(value=values))))
+    return _closing(log, lambda: None, folder)
 
 def _wandb_sink(output_dir, config=None):
     wandb = require_extra("wandb", "wandb", "report_to=wandb")
     run = wandb.init(project=os.environ.get("WANDB_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
                      dir=str(output_dir), reinit="create_new")
-    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish)
+    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish, sink_folder("wandb", output_dir))
 
 def _trackio_sink(output_dir, config=None):
     os.environ.setdefault("TRACKIO_DIR", str(Path(output_dir) / "trackio"))         # read when trackio is first imported
     trackio = require_extra("trackio", "trackio", "report_to=trackio")
     run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "rlhf-nb"), name=Path(output_dir).name, config=config,
                        embed=False, auto_log_cpu=False, auto_log_gpu=False)
-    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish)
+    return _closing(lambda m: run.log(trl_names(m), step=int(m["step"])), run.finish, sink_folder("trackio", output_dir))
 
 METRIC_SINKS = {"tensorboard": _tensorboard_sink, "wandb": _wandb_sink, "trackio": _trackio_sink}
 
@@ -272,6 +299,8 @@ class RunLog:
     def __init__(self, output_dir, report_to="none", config=None, is_main=True):
         self.output_dir, self.report_to, self.config, self.is_main = Path(output_dir), report_to, config, is_main
         self.history, self.sinks = [], []
+        names = [s.strip() for s in (report_to or "none").split(",") if s.strip() and s.strip() != "none"]
+        self.paths = [self.output_dir / "metrics.jsonl"] + [sink_folder(n, output_dir) for n in names]   # what a row may fill
 
     def open(self, step=0):
         self.history = open_metrics(self.output_dir, step, write=self.is_main)
@@ -280,11 +309,12 @@ class RunLog:
 
     def log(self, row):
         self.history.append(row)
-        path, box = self.output_dir / "metrics.jsonl", [None]
+        box = [None]
         if self.is_main:
-            with caught_disk_full(box): append_line(path, json.dumps(row) + "\n")  # whole lines, even on a full disk
-        agree_disk_full(box[0], path)                                            # every rank stops, or none
-        for s in self.sinks: s(row)
+            with caught_disk_full(box):
+                append_line(self.paths[0], json.dumps(row) + "\n")               # whole lines, even on a full disk
+                for s in self.sinks: s(row)
+        agree_disk_full(box[0], self.paths)                                      # every rank stops, or none
 
 # %% ../nbs/01b_engine.ipynb #c81ed191
 SINK_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "trackio": "trackio"}
@@ -725,7 +755,10 @@ def rank_lost(exc, pids):
     "A RankLost naming the dead rank(s) if `exc` is a collective that failed for a lost peer (`pids`: one per rank), else None."
     text = f"{type(exc).__name__} {exc}".lower()
     if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
-    dead = [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    gone = lambda: [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    dead, t0, local = gone(), time.monotonic(), any(p not in (None, os.getpid()) for p in pids)
+    while not dead and local and "time" not in text and time.monotonic() - t0 < 2:  # a killed peer's sockets close before it is a zombie
+        time.sleep(0.05); dead = gone()
     what = (f"{' and '.join(dead)} died" if dead else "another rank did not answer within the process group's timeout "
             "(--ddp_timeout): it hangs or is stopped" if "timed out" in text or "timeout" in text else
             f"the connection to another rank broke ({str(exc).strip().splitlines()[0][:80]})")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json, math, statistics
 from pathlib import Path
 import torch
-from .engine import read_metrics, write_json_atomic
+from .engine import append_line, read_metrics, write_json_atomic
 
 # %% auto #0
 __all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'pick_rows', 'step_samples', 'append_samples', 'read_samples', 'kl_spike',
@@ -39,9 +39,10 @@ def step_samples(step, data, decode, token_str, n=4, token_kl=None):
     return out
 
 def append_samples(output_dir, records):
-    "Append sample records to `output_dir/samples.jsonl`."
+    "Append sample records to `output_dir/samples.jsonl`: whole lines or none (a full disk raises `DiskFull`); -> the file."
     p = Path(output_dir); p.mkdir(parents=True, exist_ok=True)
-    with open(p / "samples.jsonl", "a") as f: f.writelines(json.dumps(r) + "\n" for r in records)
+    append_line(p / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    return p / "samples.jsonl"
 
 def read_samples(run_dir):
     "The sample records of a run folder ([] when it has none)."

@@ -9,14 +9,14 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, importlib, dataclasses, functools, json, subprocess, tempfile, textwrap, typing
+import sys, contextlib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
 from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, end_distributed, ensure_cpu_distributed, list_checkpoints,
+from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distributed_world, end_distributed, ensure_cpu_distributed, list_checkpoints,
                             log_progress, model_card, process_state, push_to_hub)
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
@@ -34,7 +34,8 @@ __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS
            'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
            'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm', 'final_model_folder',
            'push_run', 'stage_hint', 'check_stage_inputs', 'check_output_dir', 'parse_train_args', 'train_main',
-           'relaunch', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
+           'relaunch', 'launch_status', 'run_launcher', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main',
+           'config_main', 'health_main']
 
 # %% ../nbs/04_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -204,6 +205,12 @@ def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
 
+def _all_said():
+    "Wait until every rank has printed its line (each raised the same agreed error): the launcher stops the others when one exits."
+    import torch.distributed as dist
+    if distributed_world() > 1:
+        with contextlib.suppress(Exception): dist.barrier()
+
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
     if argv is None: sys.stderr = log_progress(sys.stderr)                # run as a program, output to a log: lines, not \r frames
@@ -231,7 +238,8 @@ def main(argv=None):
     except EXPECTED_ERRORS as e:
         if os.environ.get("RLHF_NB_DEBUG"): raise
         msg = str(e).strip().strip('"').splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{_rank_prefix()}rlhf-nb {name}: error: {msg}", file=sys.stderr)
+        print(f"{_rank_prefix()}rlhf-nb {name}: error: {msg}", file=sys.stderr, flush=True)
+        if isinstance(e, DiskFull): _all_said()
         return 2
 
 # %% ../nbs/04_launch.ipynb #b36a3574
@@ -370,7 +378,35 @@ def relaunch(name, argv, dry_run=False):
     cmd = launch_command(path, [name, *inner], **flags)
     if dry_run: return cmd
     print(f"rlhf-nb: {' '.join(cmd)}", file=sys.stderr)
-    return subprocess.call(cmd, env=launch_env(settings))
+    return run_launcher(cmd, launch_env(settings), name)
+
+# %% ../nbs/04_launch.ipynb #e093da75
+def launch_status(exc, name):
+    "The exit status of a launch that failed with `exc`, and a line to print when no rank said why (else None)."
+    if isinstance(exc, subprocess.CalledProcessError): return exc.returncode, None        # one process
+    rank, first = exc.get_first_failure()                                                 # ChildFailedError
+    if first.exitcode > 0: return first.exitcode, None
+    spoke = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode > 0]
+    if spoke: return spoke[0], None
+    sig = signal.Signals(-first.exitcode).name if -first.exitcode in signal.valid_signals() else str(-first.exitcode)
+    return 128 - first.exitcode, (f"rlhf-nb {name}: error: rank {rank} (PID {first.pid}) was killed by {sig}: "
+                                  "resume with --resume_from_checkpoint latest")
+
+def run_launcher(cmd, env, name):
+    "Run `accelerate launch` (the argv `cmd` from `launch_command`) in this process with environment `env`; -> the run's exit status."
+    from accelerate.commands.launch import launch_command_parser, launch_command as accelerate_launch
+    import torch.distributed.elastic.multiprocessing.api as elastic_api
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    logging.getLogger(elastic_api.__name__).setLevel(logging.CRITICAL)   # its per-rank "failed (exitcode...)" lines
+    args = launch_command_parser().parse_args(cmd[cmd.index("accelerate.commands.launch") + 1:])
+    saved = dict(os.environ); os.environ.clear(); os.environ.update(env)
+    try: accelerate_launch(args); return 0
+    except (ChildFailedError, subprocess.CalledProcessError) as e:
+        status, line = launch_status(e, name)
+        if line: print(line, file=sys.stderr)
+        return status
+    except elastic_api.SignalException as e: return 128 + int(e.sigval)                   # the ranks got it too
+    finally: os.environ.clear(); os.environ.update(saved)
 
 # %% ../nbs/04_launch.ipynb #7fb9d092
 def _single_process(name):

@@ -18,8 +18,8 @@ from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, merge_rank_metrics, RunGuard, Interrupted,
-                            AccelerateArgs, check_accelerate_args, make_accelerator)
+                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted,
+                            agree_disk_full, caught_disk_full, AccelerateArgs, check_accelerate_args, make_accelerator)
 from .data import RLHFDataset, load_split, held_out_spec, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)
@@ -669,13 +669,15 @@ from .health import step_samples, append_samples
 
 @patch
 def record_samples(self: RLTrainer, data, n=4):
-    "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process only)."
-    if not self.accelerator.is_main_process: return
-    kl = data.get("kl")
-    if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
-    tok = self.tokenizer
-    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
-    append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
+    "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process writes, every rank agrees on a full disk)."
+    path, box = Path(self.config.output_dir) / "samples.jsonl", [None]
+    if self.accelerator.is_main_process:
+        kl = data.get("kl")
+        if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
+        tok = self.tokenizer
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
+        with caught_disk_full(box): append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
+    agree_disk_full(box[0], path)                                       # a full disk: every rank stops with the same line
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
 @patch

@@ -3,8 +3,8 @@
 - SIGTERM / SIGINT (a scheduler pre-empting the job, Ctrl-C): the step in progress finishes, a checkpoint is written,
   the process exits with 128 + the signal number and says so in one line; `latest` continues as if never stopped;
 - two runs into one output folder: the second refuses, naming the first's PID; a dead run's lock is taken over;
-- a full disk (a real file-size limit, RLIMIT_FSIZE, on the process: the kernel refuses the write) while a checkpoint
-  or a metrics line is written: one line naming the path and the space needed; the previous checkpoint and every
+- a full disk (a real file-size limit, RLIMIT_FSIZE, on the process: the kernel refuses the write) while a checkpoint,
+  a metrics line or the step's rollouts (samples.jsonl) are written: one line naming the path and the space needed; the previous checkpoint and every
   metrics line written before are intact; once the limit is lifted, `latest` resumes and matches the run never stopped.
 
 The runs are those of tests/test_resume.py (tiny, one thread each, bit-reproducible) and are compared with its
@@ -96,15 +96,17 @@ def run_limited(argv, limit):
     return subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=TIMEOUT, preexec_fn=set_limit)
 
 
-@pytest.mark.parametrize("algo,where", [("grpo", "checkpoint"), ("ppo", "metrics"), ("dpo", "checkpoint")])
+@pytest.mark.parametrize("algo,where", [("grpo", "checkpoint"), ("ppo", "metrics"), ("dpo", "checkpoint"), ("grpo", "samples")])
 def test_disk_full_stops_with_one_line_keeps_what_was_written_and_resume_matches(algo, where, tmp_path, tmp_path_factory):
     ref, out = reference(algo, tmp_path_factory), tmp_path / "run"
     first = Run(worker(algo, out, "--save_total_limit", 100, opts=["--signal_at_log", 2, "--signal", "TERM"]), out)
     assert first.wait() == 128 + signal.SIGTERM, first.tail()
     before = (out / "metrics.jsonl").read_text()
-    size = len(before.encode()) + 20 if where == "metrics" else 256 * 1024  # the next row / any weights file does not fit
+    size = len(before.encode()) + 20 if where in ("metrics", "samples") else 256 * 1024  # the next row / any weights file does not fit
+    samples = (out / "samples.jsonl").read_text() if algo != "dpo" else ""
+    assert where != "samples" or len(samples.encode()) < size < len(samples.encode()) * 3 // 2  # step 3's rollouts do not fit
     r = run_limited(worker(algo, out, "--save_total_limit", 100, "--resume_from_checkpoint", "latest"), size)
-    path = out / "metrics.jsonl" if where == "metrics" else out / "checkpoint-3"
+    path = out / {"metrics": "metrics.jsonl", "samples": "samples.jsonl"}.get(where, "checkpoint-3")
     lines = [l for l in r.stderr.splitlines() if l.startswith("rlhf-nb")]
     assert r.returncode == 2 and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith(f"rlhf-nb {algo}: error: disk full writing {path} (a file reached the size limit (ulimit -f)): "
@@ -112,7 +114,8 @@ def test_disk_full_stops_with_one_line_keeps_what_was_written_and_resume_matches
     assert "free now; what was written before it is intact" in lines[0]
     assert [p.name for p in checkpoints(out)] == ["checkpoint-1", "checkpoint-2"] and not leftovers(out)
     rows = metric_rows(out)                                                  # every line whole
-    assert (out / "metrics.jsonl").read_text().startswith(before) and [r["step"] for r in rows][-1] == (2 if where == "metrics" else 3)
+    assert (out / "metrics.jsonl").read_text().startswith(before) and [r["step"] for r in rows][-1] == (3 if where == "checkpoint" else 2)
+    if where == "samples": assert (out / "samples.jsonl").read_text() == samples           # step 3's lines cut back, none half
     assert not (out / LOCK).exists()
     Run(cmd(algo, out, "--save_total_limit", 100, "--resume_from_checkpoint", "latest"), out).ok()   # space freed
     ref.ok()

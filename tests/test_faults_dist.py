@@ -4,6 +4,8 @@ and a run that resumes exactly:
 - a full disk (a real file-size limit, RLIMIT_FSIZE, set on the launcher and inherited by both ranks) while rank 0
   writes a metrics line or a checkpoint: EVERY rank stops within seconds (not after the process group's timeout) with
   the same line naming the path and the space needed; what was written before is intact; resume then matches;
+- the same through the CLI's own relaunch (`rlhf-nb grpo --accelerate_config cpu_2proc`): the ranks' line ends the
+  output (no launcher traceback after it) and the exit status is theirs;
 - a rank killed with SIGKILL in the middle of training: the run stops within seconds, rank 0 says which rank (and PID)
   died, and `--resume_from_checkpoint latest` reproduces the uninterrupted run's metrics.
 
@@ -79,6 +81,22 @@ def test_disk_full_on_rank_0_stops_every_rank_with_one_line(where, stopped_at_2,
     r, _ = run(argv("ddp", out, "--resume_from_checkpoint", "latest"))                # space freed
     assert r.returncode == 0, r.stderr[-3000:]
     assert metrics(out) == metrics(refs / "ddp")
+
+
+def test_cli_relaunch_stopped_by_a_full_disk_prints_only_the_ranks_line_and_their_status(tmp_path):
+    "`rlhf-nb grpo --accelerate_config cpu_2proc`: samples.jsonl of step 1 does not fit; no launcher traceback after the ranks' line."
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "rlhf_nb.launch", "grpo", "--accelerate_config", "cpu_2proc", "--num_processes", 2, "--main_process_port", 0,
+           "--output_dir", out, "--max_steps", 2, "--per_device_train_batch_size", 4, "--num_generations", 2,
+           "--max_completion_length", 4, "--arith_train_size", 8, "--eval_steps", 0, "--disable_tqdm", "true"]
+    r, seconds = run(list(map(str, cmd)), limit=200)                        # step 1's rollouts (~360 B) do not fit
+    lines = [l for l in r.stderr.splitlines() if "rlhf-nb grpo: error:" in l]
+    assert r.returncode == 2 and seconds < BOUND, (r.returncode, seconds, r.stderr[-3000:])
+    assert "Traceback" not in r.stderr and "CalledProcessError" not in r.stderr and "ChildFailedError" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.strip().splitlines()[-1] in lines, r.stderr[-3000:]     # our line ends the output
+    assert sorted(l.split("] ", 1)[0] for l in lines) == ["[rank 0", "[rank 1"] and len({l.split("] ", 1)[1] for l in lines}) == 1, lines
+    assert lines[0].split("] ", 1)[1].startswith(f"rlhf-nb grpo: error: disk full writing {out / 'samples.jsonl'} (a file reached"), lines
+    assert (out / "samples.jsonl").read_text() == "" and not (out / LOCK).exists()   # cut back: no half line
 
 
 @pytest.mark.parametrize("placement", ["ddp", "fsdp"])
