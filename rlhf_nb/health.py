@@ -2,14 +2,14 @@
 
 # %% ../nbs/05c_health.ipynb #f2ed0d98
 from __future__ import annotations
-import json, math, statistics
+import json, math, os, statistics
 from pathlib import Path
 import torch
 from .engine import append_line, read_metrics, write_json_atomic
 
 # %% auto #0
-__all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'pick_rows', 'step_samples', 'append_samples', 'read_samples', 'kl_spike',
-           'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat', 'no_signal', 'clip_high',
+__all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'pick_rows', 'step_samples', 'append_samples', 'cut_samples', 'read_samples',
+           'kl_spike', 'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat', 'no_signal', 'clip_high',
            'health_report', 'format_warnings', 'plot_health', 'save_health', 'sample_table_html', 'health_widget']
 
 # %% ../nbs/05c_health.ipynb #693beb73
@@ -43,6 +43,15 @@ def append_samples(output_dir, records):
     p = Path(output_dir); p.mkdir(parents=True, exist_ok=True)
     append_line(p / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     return p / "samples.jsonl"
+
+def cut_samples(output_dir, step):
+    "Start `output_dir/samples.jsonl` like metrics.jsonl: empty for a new run, cut back to records of steps <= `step` on resume; -> records kept."
+    p = Path(output_dir) / "samples.jsonl"
+    if not p.exists(): return []
+    keep = [r for r in read_samples(output_dir) if r.get("step", 0) <= step] if step else []
+    tmp = p.with_name(".samples.jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, p)
+    return keep
 
 def read_samples(run_dir):
     "The sample records of a run folder ([] when it has none)."

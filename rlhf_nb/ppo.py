@@ -665,7 +665,7 @@ def step(self: RLTrainer):
     return m
 
 # %% ../nbs/02_ppo.ipynb #9ac59df2
-from .health import step_samples, append_samples
+from .health import step_samples, append_samples, cut_samples
 
 @patch
 def record_samples(self: RLTrainer, data, n=4):
@@ -686,6 +686,7 @@ def _fit(self: RLTrainer):
     if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
+    if acc.is_main_process: cut_samples(cfg.output_dir, self.global_step)     # a resumed run replays the steps after its checkpoint
     acc.wait_for_everyone()
     if cfg.eval_steps and self.global_step == 0: self.run_log.log({"step": 0, "time/elapsed": 0.0, **self.evaluate()})
     budget, guard, want_save, saved = TimeBudget(cfg.max_seconds), NanGuard(cfg.max_nan_steps, "lower learning_rate or check the rewards"), False, False

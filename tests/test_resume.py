@@ -107,6 +107,14 @@ def assert_same_metrics(ref, run, after=0):
         assert not diff, f"step {s}: metrics differ after resuming (uninterrupted, resumed): {dict(sorted(diff.items())[:8])}"
 
 
+def assert_same_samples(ref, run):
+    "samples.jsonl of the resumed run equals the uninterrupted run's: replayed steps are not written twice."
+    read = lambda out: [json.loads(l) for l in (Path(out) / "samples.jsonl").read_text().splitlines()] if (Path(out) / "samples.jsonl").exists() else []
+    want, got = read(ref), read(run)
+    assert [r["step"] for r in got] == [r["step"] for r in want], f"sample steps differ: {[r['step'] for r in want]} vs {[r['step'] for r in got]}"
+    assert got == want, "samples differ after resuming"
+
+
 def final_weights_dir(out):
     cps = checkpoints(out)
     return cps[-1] if cps else Path(out) / "final"
@@ -153,6 +161,7 @@ def test_kill_during_save_then_resume_latest_at_epoch_boundary(algo, point, tmp_
     ref.ok()
     assert_same_metrics(ref.out, out)                       # steps 1-2 from the killed run, 3-6 from the resumed one
     assert_same_weights(ref.out, out)
+    assert_same_samples(ref.out, out)
     assert [p.name for p in checkpoints(out)] == [f"checkpoint-{N - 1}", f"checkpoint-{N}"]   # save_total_limit=2
     assert leftovers(out) == [], f"temporary folders left after the resumed run finished: {leftovers(out)}"
     assert len(checkpoints(ref.out)) == N                    # the reference kept all (save_total_limit=100)
@@ -180,6 +189,7 @@ def test_sigkill_at_random_moment_then_resume_latest(algo, tmp_path, tmp_path_fa
     ref.ok()
     assert_same_metrics(ref.out, out)
     assert_same_weights(ref.out, out)
+    assert_same_samples(ref.out, out)
     assert leftovers(out) == [], f"killed {delay:.2f}s after checkpoint-2 (resumed from {last.name}): {leftovers(out)}"
 
 
