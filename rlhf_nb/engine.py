@@ -26,7 +26,8 @@ __all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS',
            'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'AccelerateArgs',
            'check_accelerate_args', 'make_accelerator', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
            'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted', 'StopSignals',
-           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'make_adamw']
+           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'exit_process',
+           'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -833,6 +834,15 @@ def end_distributed():
     if not (dist.is_available() and dist.is_initialized()): return False
     dist.destroy_process_group()
     return True
+
+# %% ../nbs/01b_engine.ipynb #27f8e019
+def exit_process(code=0):
+    "End this process now with status `code`: process group destroyed, atexit handlers run, streams flushed, no C++ teardown."
+    end_distributed()
+    atexit._run_exitfuncs()
+    for s in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception): s.flush()
+    os._exit(int(code or 0))
 
 # %% ../nbs/01b_engine.ipynb #414f8bb3
 def make_adamw(params, lr, weight_decay=0.0):

@@ -16,7 +16,7 @@ from typing import Optional
 import yaml
 from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distributed_world, end_distributed, ensure_cpu_distributed, list_checkpoints,
+from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distributed_world, end_distributed, exit_process, ensure_cpu_distributed, list_checkpoints,
                             log_progress, model_card, process_state, push_to_hub)
 from .data import DataArgs, DataError, check_dataset, prep_main
 from .models import check_model_path
@@ -213,6 +213,12 @@ def _all_said():
 
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
+    status = _main(argv)
+    if argv is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1: exit_process(status)    # a rank of a launched run: no C++ teardown (SIGABRT)
+    return status
+
+def _main(argv=None):
+    "`main` without the process exit: -> the status."
     if argv is None: sys.stderr = log_progress(sys.stderr)                # run as a program, output to a log: lines, not \r frames
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

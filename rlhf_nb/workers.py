@@ -16,10 +16,10 @@ from .engine import make_adamw, load_weights, torch_load
 from .models import intra_op_threads, decode_threads, param_bytes, disable_dropout, wrap_lora, is_peft_model
 
 # %% auto #0
-__all__ = ['Role', 'Reference', 'causal_lm_logits', 'shared_prefix_logits', 'reference_memory_table', 'TokenValueModel',
-           'ActorModule', 'make_generation_config', 'sequence_positions', 'shared_prompt_cache', 'generate_rollout',
-           'prompt_groups', 'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker',
-           'RewardWorker']
+__all__ = ['Role', 'Reference', 'causal_lm_logits', 'quiet_cache_rename', 'shared_prefix_logits', 'reference_memory_table',
+           'TokenValueModel', 'ActorModule', 'make_generation_config', 'sequence_positions', 'shared_prompt_cache',
+           'generate_rollout', 'prompt_groups', 'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker',
+           'RefPolicyWorker', 'RewardWorker']
 
 # %% ../nbs/01c_workers.ipynb #f2b403df
 class Role(enum.Enum):
@@ -67,19 +67,28 @@ def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, gro
     return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
 
 # %% ../nbs/01c_workers.ipynb #96d033e9
+@contextmanager
+def quiet_cache_rename():
+    "Silence transformers' notice that `past_key_values` is being renamed `cache` (5.2x): it would print into every run's log."
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        yield
+
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
     "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
     B, T = input_ids.shape; P = T - n_last
     first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
     cache = DynamicCache()
-    head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P], position_ids=position_ids[first, :P],
-                 past_key_values=cache, use_cache=True, logits_to_keep=1)
+    with quiet_cache_rename():
+        head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P], position_ids=position_ids[first, :P],
+                     past_key_values=cache, use_cache=True, logits_to_keep=1)
     for layer in cache.layers:                                           # [G,h,P,d] -> [B,h,P,d]; gradients sum back per group
         layer.keys, layer.values = layer.keys[inv], layer.values[inv]
     first_logits = head.logits[inv]                                      # [B,1,V]: predicts the first response token
     if n_last == 1: return first_logits
-    tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, P:-1],
-                 past_key_values=cache, use_cache=True)
+    with quiet_cache_rename():
+        tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, P:-1],
+                     past_key_values=cache, use_cache=True)
     return torch.cat([first_logits, tail.logits], 1)                     # [B,n_last,V]
 
 # %% ../nbs/01c_workers.ipynb #be381b8b
@@ -168,8 +177,9 @@ def shared_prompt_cache(model, input_ids, attention_mask, groups):
     B = len(groups)
     first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
     cache, m = DynamicCache(), attention_mask[first, :-1]
-    model(input_ids=input_ids[first, :-1], attention_mask=m, position_ids=sequence_positions(m), past_key_values=cache,
-          use_cache=True, logits_to_keep=1)
+    with quiet_cache_rename():
+        model(input_ids=input_ids[first, :-1], attention_mask=m, position_ids=sequence_positions(m), past_key_values=cache,
+              use_cache=True, logits_to_keep=1)
     for layer in cache.layers: layer.keys, layer.values = layer.keys[inv], layer.values[inv]     # [G,h,P-1,d] -> [B,h,P-1,d]
     return cache
 
@@ -185,8 +195,7 @@ def generate_rollout(model, input_ids, attention_mask, generation_config, eos_to
     with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
         share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
         kw = {"past_key_values": shared_prompt_cache(model, input_ids, attention_mask, groups)} if share else {}
-        with warnings.catch_warnings():                                   # transformers 5.2x renames generate's past_key_values to cache
-            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        with quiet_cache_rename():
             out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced, **kw)  # synced: sharded ranks step together
     if was_training: model.train()
     P = input_ids.shape[1]

@@ -99,4 +99,4 @@ clean = lambda h: {k: v for k, v in h.items() if isinstance(v, (int, float)) and
     "rc": rc, "rank": state.process_index, "world": state.num_processes, "steps": rec["steps"],
     "local_scores": rec["local_scores"], "history": [clean(h) for h in history],
     "checksum": engine.param_checksum(*modules)}))
-sys.exit(rc)
+engine.exit_process(rc)                                                  # a launched rank: no C++ teardown (it can abort)

@@ -88,4 +88,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from rlhf_nb.engine import exit_process
+    exit_process(main(sys.argv[1:]))                                     # a launched rank: no C++ teardown (it can abort)

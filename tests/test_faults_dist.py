@@ -94,7 +94,8 @@ def test_cli_relaunch_stopped_by_a_full_disk_prints_only_the_ranks_line_and_thei
     assert r.returncode == 2 and seconds < BOUND, (r.returncode, seconds, r.stderr[-3000:])
     assert "Traceback" not in r.stderr and "CalledProcessError" not in r.stderr and "ChildFailedError" not in r.stderr, r.stderr[-3000:]
     assert r.stderr.strip().splitlines()[-1] in lines, r.stderr[-3000:]     # our line ends the output
-    assert sorted(l.split("] ", 1)[0] for l in lines) == ["[rank 0", "[rank 1"] and len({l.split("] ", 1)[1] for l in lines}) == 1, lines
+    # each rank that gets to speak says the same line (the launcher may stop the slower rank before it prints)
+    assert lines and set(l.split("] ", 1)[0] for l in lines) <= {"[rank 0", "[rank 1"} and len({l.split("] ", 1)[1] for l in lines}) == 1, lines
     assert lines[0].split("] ", 1)[1].startswith(f"rlhf-nb grpo: error: disk full writing {out / 'samples.jsonl'} (a file reached"), lines
     assert (out / "samples.jsonl").read_text() == "" and not (out / LOCK).exists()   # cut back: no half line
 
