@@ -203,17 +203,32 @@ def bench_grpo(a, logf, size="demo", precision="fp32"):
     return _sized(res, "grpo", size, precision, a)
 
 
+# The GRPO learning rate of the accuracy race per size when --acc_lr is not given; None: GRPOConfig's default (3e-4),
+# which was set on the demo model. At 6.3M that rate wrecks the SFT start on both sides within 150 s (held-out
+# accuracy 0.35 -> 0.01 for rlhf-nb, 0.02 for TRL), so the race would only compare two collapses; at 1e-4 (a third,
+# as its SFT rate is a third of the demo's, chosen before measuring) both sides learn: 0.35 -> 0.65 rlhf-nb, 0.54 TRL
+# (load ~2.7); at 3e-5 both learn too, 0.67 rlhf-nb vs 0.68 TRL (load ~2.2), a tie within one seed's noise.
+ACC_LR = {"demo": None, "6.3M": 1e-4, "33.6M": None}
+
+
+def acc_lr(a, size, defaults):
+    "-> (lr, where it came from) of the accuracy race at `size`: --acc_lr, else ACC_LR[size], else GRPOConfig's default."
+    if a.acc_lr: return a.acc_lr, "--acc_lr"
+    if ACC_LR.get(size): return ACC_LR[size], f"the bench's rate for {size}"
+    return defaults.get("learning_rate") or a.lr, "rlhf-nb GRPOConfig's default"
+
+
 def bench_grpo_accuracy(a, logf, size="demo", precision="fp32"):
     "Held-out greedy accuracy after equal wall time from the same SFT start at `size`, both sides in `precision` (full run only)."
     d = grpo_defaults()
+    lr, lr_src = acc_lr(a, size, d)
     p = dict(grpo_params(a, size, precision), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_paths[size],
-             lr=a.acc_lr or d.get("learning_rate") or a.lr, beta=d.get("kl_coef", 0.0),
-             updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
+             lr=lr, beta=d.get("kl_coef", 0.0), updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
     res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
              ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
     res["reps"] = 1
     res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
-                   f"{a.n_eval} held-out prompts; both at lr {p['lr']:g}, beta {p['beta']:g} (rlhf-nb GRPOConfig's defaults), "
+                   f"{a.n_eval} held-out prompts; both at lr {p['lr']:g} ({lr_src}), beta {p['beta']:g} (rlhf-nb GRPOConfig's default), "
                    f"16 prompts x 8 completions, {p['updates_per_generation']} update(s) per generation; rlhf-nb otherwise with its GRPO defaults "
                    f"(zero-signal groups dropped), TRL with its own; model {size} "
                    f"({'default tiny shape' if size == 'demo' else C.SIZES[size]}), {precision}"
@@ -490,7 +505,7 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1e-5, help="learning rate used by both sides")
     ap.add_argument("--budget", type=float, default=560, help="--quick: skip the benches without ratios that would end past this many seconds")
     ap.add_argument("--prepare_sft", action="store_true", help="only build (or check) the cached SFT start, then exit")
-    ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: GRPOConfig's)")
+    ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: run.ACC_LR's per size, else GRPOConfig's)")
     ap.add_argument("--acc_updates", type=int, default=None, help="GRPO accuracy arm: updates per generation (default: GRPOConfig's num_ppo_epochs)")
     ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
     ap.add_argument("--n_eval", type=int, default=300, help="GRPO accuracy arm: held-out prompts")

@@ -118,3 +118,14 @@ def test_grpo_accuracy_follows_sizes_and_precisions():
     assert R.plan(["rewards", "grpo"], ["6.3M"], ["fp32"]) == [("grpo@6.3M/fp32", "grpo", "6.3M", "fp32"),
                                                                ("rewards", "rewards", None, None)]
     with pytest.raises(SystemExit, match="full mode only"): R.main(["--quick", "--only", "grpo_accuracy", "--out", "/nonexistent/x.json"])
+
+
+def test_accuracy_race_learning_rate_per_size():
+    "--acc_lr wins, then the bench's per-size rate, then GRPOConfig's default (the demo's)."
+    defaults = {"learning_rate": 3e-4}
+    a = R.parse_args(["--only", "grpo_accuracy"])
+    assert R.acc_lr(a, "demo", defaults) == (3e-4, "rlhf-nb GRPOConfig's default")
+    lr, src = R.acc_lr(a, "6.3M", defaults)
+    assert lr == R.ACC_LR["6.3M"] and lr < 3e-4 and "6.3M" in src
+    a = R.parse_args(["--only", "grpo_accuracy", "--acc_lr", "5e-5"])
+    assert R.acc_lr(a, "6.3M", defaults) == (5e-5, "--acc_lr")
