@@ -126,6 +126,31 @@ SIZES = {
 }
 
 
+# The SFT start of the accuracy arm at each size: keyword arguments of rlhf_nb.sft.sft_warm_start beyond the bench's
+# own (seed 0, --sft_seconds). Every size stops at the same held-out accuracy (its default target, 0.3), so both RL
+# sides start where some completions are right and some wrong (a group needs both to carry a GRPO signal).
+# 6.3M: AdamW at 1e-3 instead of the demo's 3e-3 (the usual rate for a 6-layer, 256-wide model; 3e-3 with a 50-step
+# warm-up invites loss spikes at that depth), up to 4000 steps, and a longer wall limit: each step is ~6x the demo's
+# work (6.3M vs ~1M parameters), and the demo needs ~400 steps (~110 s here) to reach the target.
+SFT_SETTINGS = {
+    "demo": {},
+    "6.3M": dict(learning_rate=1e-3, max_steps=4000),
+    "33.6M": dict(learning_rate=5e-4, max_steps=4000),
+}
+SFT_SECONDS = {"demo": 600, "6.3M": 1500, "33.6M": 3600}   # wall limit of each SFT start unless --sft_seconds is given
+
+
+def sft_dir(size="demo"):
+    "Cache folder of the SFT start at `size` (the demo's keeps its old name, so earlier caches and results still match)."
+    return WORK / ("sft_start" if size == "demo" else f"sft_start_{size}")
+
+
+def sft_kwargs(size="demo"):
+    "rlhf_nb.sft.sft_warm_start keyword arguments that make the SFT start at `size` (model shape + per-size settings)."
+    if size not in SIZES: raise ValueError(f"unknown model size {size!r}: the sizes are {', '.join(SIZES)}")
+    return {**({"model_kw": SIZES[size]} if SIZES[size] else {}), **SFT_SETTINGS.get(size, {})}
+
+
 def arith_rows(n, split="train", seed=0):
     "Rows of the built-in arithmetic task in verl's schema (prompt `Q: 23+58=`, completion `81 #### 81`)."
     if nb("data", "make_arith"): return nb("data", "make_arith")(n, split=split, seed=seed)

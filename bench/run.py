@@ -203,19 +203,37 @@ def bench_grpo(a, logf, size="demo", precision="fp32"):
     return _sized(res, "grpo", size, precision, a)
 
 
-def bench_grpo_accuracy(a, logf):
-    "Held-out greedy accuracy after equal wall time from the same SFT start (full run only)."
+# The GRPO learning rate of the accuracy race per size when --acc_lr is not given; None: GRPOConfig's default (3e-4),
+# which was set on the demo model. At 6.3M that rate wrecks the SFT start on both sides within 150 s (held-out
+# accuracy 0.35 -> 0.01 for rlhf-nb, 0.02 for TRL), so the race would only compare two collapses; at 1e-4 (a third,
+# as its SFT rate is a third of the demo's, chosen before measuring) both sides learn: 0.35 -> 0.65 rlhf-nb, 0.54 TRL
+# (load ~2.7); at 3e-5 both learn too, 0.67 rlhf-nb vs 0.68 TRL (load ~2.2), a tie within one seed's noise.
+ACC_LR = {"demo": None, "6.3M": 1e-4, "33.6M": None}
+
+
+def acc_lr(a, size, defaults):
+    "-> (lr, where it came from) of the accuracy race at `size`: --acc_lr, else ACC_LR[size], else GRPOConfig's default."
+    if a.acc_lr: return a.acc_lr, "--acc_lr"
+    if ACC_LR.get(size): return ACC_LR[size], f"the bench's rate for {size}"
+    return defaults.get("learning_rate") or a.lr, "rlhf-nb GRPOConfig's default"
+
+
+def bench_grpo_accuracy(a, logf, size="demo", precision="fp32"):
+    "Held-out greedy accuracy after equal wall time from the same SFT start at `size`, both sides in `precision` (full run only)."
     d = grpo_defaults()
-    p = dict(grpo_params(a), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_path,
-             lr=a.acc_lr or d.get("learning_rate") or a.lr, beta=d.get("kl_coef", 0.0),
-             updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
+    lr, lr_src = acc_lr(a, size, d)
+    p = dict(grpo_params(a, size, precision), wall_seconds=a.acc_seconds, n_eval=a.n_eval, init_path=a.sft_paths[size],
+             lr=lr, beta=d.get("kl_coef", 0.0), updates_per_generation=a.acc_updates or d.get("num_ppo_epochs") or 1)
     res = ab("grpo_accuracy", [("rlhf-nb", "nb_grpo_acc", p, None), ("trl-1.16", "trl_grpo_acc", p, None)], 1,
              ["accuracy_start", "accuracy_end", "accuracy_gain", "rounds_done", "peak_rss_mb"], logf)
     res["reps"] = 1
     res["what"] = (f"GRPO for {a.acc_seconds:.0f} s of wall time from the same SFT start, then greedy accuracy on "
-                   f"{a.n_eval} held-out prompts; both at lr {p['lr']:g}, beta {p['beta']:g} (rlhf-nb GRPOConfig's defaults), "
+                   f"{a.n_eval} held-out prompts; both at lr {p['lr']:g} ({lr_src}), beta {p['beta']:g} (rlhf-nb GRPOConfig's default), "
                    f"16 prompts x 8 completions, {p['updates_per_generation']} update(s) per generation; rlhf-nb otherwise with its GRPO defaults "
-                   f"(zero-signal groups dropped), TRL with its own")
+                   f"(zero-signal groups dropped), TRL with its own; model {size} "
+                   f"({'default tiny shape' if size == 'demo' else C.SIZES[size]}), {precision}"
+                   f"{' (both sides train under bfloat16 autocast on the CPU; the accuracy is measured in fp32)' if precision == 'bf16' else ''}")
+    res.update(size=size, precision=precision, sft_start=(a.sft_info or {}).get(size), sft_path=a.sft_paths[size])
     return res
 
 
@@ -487,12 +505,13 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=1e-5, help="learning rate used by both sides")
     ap.add_argument("--budget", type=float, default=560, help="--quick: skip the benches without ratios that would end past this many seconds")
     ap.add_argument("--prepare_sft", action="store_true", help="only build (or check) the cached SFT start, then exit")
-    ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: GRPOConfig's)")
+    ap.add_argument("--acc_lr", type=float, default=None, help="GRPO accuracy arm: lr of both sides (default: run.ACC_LR's per size, else GRPOConfig's)")
     ap.add_argument("--acc_updates", type=int, default=None, help="GRPO accuracy arm: updates per generation (default: GRPOConfig's num_ppo_epochs)")
     ap.add_argument("--acc_seconds", type=float, default=150.0, help="GRPO accuracy arm: wall seconds of RL per side")
     ap.add_argument("--n_eval", type=int, default=300, help="GRPO accuracy arm: held-out prompts")
     ap.add_argument("--sft", dest="use_sft", action="store_true", default=None, help="start timing arms from the SFT checkpoint (default in the full mode)")
-    ap.add_argument("--sft_seconds", type=float, default=600, help="time limit of the SFT warm start (made once, cached)")
+    ap.add_argument("--sft_seconds", type=float, default=None, help="time limit of the SFT warm start (made once per size, "
+                                                                    "cached; default per size: common.SFT_SECONDS)")
     ap.add_argument("--peak_tflops", type=float, default=None, help="--gpu: override the assumed peak bf16 TFLOP/s")
     ap.add_argument("--out", default=None, help="write results here instead of bench/ (json; md/png beside it)")
     ap.add_argument("--sizes", default="demo", help=f"grpo/ppo/dpo at these model sizes, comma-separated: {', '.join(C.SIZES)} or all")
@@ -514,27 +533,41 @@ def _has_cuda():
     return r.stdout.strip() == "True"
 
 
-def sft_start(a):
-    "Path of the shared SFT start (rlhf_nb.sft.sft_warm_start, cached under bench/_work/sft_start)."
+SCALED = ("grpo", "ppo", "dpo", "grpo_accuracy")      # the benches that run at every --sizes x --precision
+
+
+def plan(names, sizes, precisions):
+    """[(result key, bench, size, precision)] for `names`: the scaled benches once per size and precision, keyed
+    `bench@size/precision` except demo/fp32, which keeps the bare name so older results still compare; the others once."""
+    jobs = [(n if (sz, pr) == ("demo", "fp32") else f"{n}@{sz}/{pr}", n, sz, pr)
+            for n in names if n in SCALED for sz in sizes for pr in precisions]
+    return jobs + [(n, n, None, None) for n in names if n not in SCALED]
+
+
+def sft_start(a, size="demo"):
+    """Path of the SFT start at `size` (rlhf_nb.sft.sft_warm_start with the shape and settings of C.sft_kwargs(size),
+    cached in C.sft_dir(size); sft_warm_start itself rebuilds a cache made with other settings). Sets a.sft_info[size]."""
     f = C.nb("sft", "sft_warm_start")
     if f is None: return None
-    path = C.WORK / "sft_start"
-    log(f"SFT warm start -> {path} (reused when present)")
+    path, kw = C.sft_dir(size), C.sft_kwargs(size)
+    secs = a.sft_seconds or C.SFT_SECONDS[size]
+    log(f"SFT warm start ({size}) -> {path} (reused when present)")
     info = path / "sft_info.json"
     if info.exists() and not json.loads(info.read_text()).get("reached_target"):
         log(f"the cached SFT start {path} missed its accuracy target (made under load?); making a new one")
         shutil.rmtree(path)
-    code = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import common as C; C.set_threads({a.threads});"
+    code = (f"import sys, json; sys.path.insert(0, {str(BENCH)!r}); import common as C; C.set_threads({a.threads});"
             f"from rlhf_nb.sft import sft_warm_start; print(sft_warm_start({str(path)!r}, seed=0, "
-            f"max_seconds={a.sft_seconds}, progress=False))")
+            f"max_seconds={secs}, progress=False, **json.loads({json.dumps(kw)!r})))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=arm_env(a.threads),
-                       timeout=a.sft_seconds + 300)
+                       timeout=secs + 300)
     if r.returncode != 0:
         log("SFT warm start failed:", r.stderr.strip()[-600:]); return None
     if info.exists():
         d = json.loads(info.read_text())
-        a.sft_info = {k: d.get(k) for k in ("reached_target", "final_accuracy", "eval_accuracy", "steps", "train_seconds")}
-        log(f"SFT start: {a.sft_info}")
+        a.sft_info = {**(a.sft_info or {}), size: {k: d.get(k) for k in ("reached_target", "final_accuracy", "eval_accuracy",
+                                                                         "steps", "train_seconds", "learning_rate")}}
+        log(f"SFT start ({size}): {a.sft_info[size]}")
     return r.stdout.strip().splitlines()[-1]
 
 
@@ -549,8 +582,8 @@ def main(argv=None):
         return 0
     if a.prepare_sft:
         a.sft_info = None
-        path = sft_start(a)
-        log(f"SFT start: {path}"); return 0 if path else 1
+        paths = {sz: sft_start(a, sz) for sz in a.sizes}
+        log(f"SFT start(s): {paths}"); return 0 if all(paths.values()) else 1
     if a.gpu: names = ["gpu"]
     elif a.only: names = a.only
     else:
@@ -558,33 +591,34 @@ def main(argv=None):
         if not a.quick: log("the full run takes over 10 minutes here; on the shared machine run it in parts with --only "
                             "(see bench/README.md)")
     if a.quick and "grpo_accuracy" in names: sys.exit("grpo_accuracy runs in the full mode only (drop --quick)")
-    a.init_path, a.sft_path, a.sft_info = None, None, None
-    if "grpo_accuracy" in names or a.use_sft:
-        a.sft_path = sft_start(a)
-        if a.use_sft: a.init_path = a.sft_path
+    a.init_path, a.sft_path, a.sft_info, a.sft_paths = None, None, None, {}
+    if a.use_sft:
+        a.sft_path = a.sft_paths["demo"] = sft_start(a)
+        a.init_path = a.sft_path
+    if "grpo_accuracy" in names:                # the accuracy race starts from an SFT start made at its own size
+        for sz in a.sizes:
+            if sz not in a.sft_paths: a.sft_paths[sz] = sft_start(a, sz)
     t_start = time.time()
     before, up_before = C.load_avg(), C.uptime_line()
     log(f"load before: {up_before}")
     cmd = "python bench/run.py " + " ".join(sys.argv[1:] if argv is None else argv)
     benches, a.peaks = {}, None
-    scaled = {"grpo", "ppo", "dpo"}
-    jobs = [(n, None, None) for n in names if n not in scaled]
-    jobs = [(n, sz, pr) for n in names if n in scaled for sz in a.sizes for pr in a.precisions] + jobs
+    jobs = plan(names, a.sizes, a.precisions)
     with open(C.WORK / "arms.log", "a") as logf:
-        if any(sz for _, sz, _ in jobs):      # MFU's denominator, measured in this run, before the arms
+        if any(sz and n != "grpo_accuracy" for _, n, sz, _ in jobs):      # MFU's denominator, measured in this run, before the arms
             a.peaks = run_arm("matmul_peak", {"threads": a.threads}, logf=logf)
             log(f"measured matmul peak ({a.threads} threads): " + ", ".join(f"{k} {v:.0f}" for k, v in a.peaks.items()
                                                                              if isinstance(v, float) and k.endswith("gflops")))
-        for n, size, prec in jobs:
-            key = n if size is None or (size == "demo" and prec == "fp32") else f"{n}@{size}/{prec}"
+        for key, n, size, prec in jobs:
             t0 = time.time(); lb = C.load_avg()
             est = {"ref_strategies": 40, "rewards": 90}.get(n)
             if a.quick and est and t0 - t_start + est > a.budget:
                 res = {"skipped": f"--quick time budget ({a.budget:.0f} s) reached under load {lb and round(lb[0], 1)}; "
                                   f"run it alone with --only {n}", "arms": {}}
                 log(f"{n}: skipped ({res['skipped']})")
-            elif n == "grpo_accuracy" and not a.sft_path:
-                res = {"skipped": "rlhf_nb.sft.sft_warm_start is not available (or failed), so there is no SFT start", "arms": {}}
+            elif n == "grpo_accuracy" and not a.sft_paths.get(size):
+                res = {"skipped": f"no SFT start at size {size}: rlhf_nb.sft.sft_warm_start is not available or failed "
+                                  f"(see the log above)", "arms": {}}
             elif size is not None:
                 res = BENCHES[n](a, logf, size=size, precision=prec)
             else:
@@ -592,7 +626,7 @@ def main(argv=None):
             res.update(date=datetime.datetime.now().isoformat(timespec="seconds"), seconds=round(time.time() - t0, 1),
                        load_before=lb and round(lb[0], 2), load_after=round((C.load_avg() or [0])[0], 2),
                        mode=("gpu-dry_run" if a.dry_run else "gpu") if a.gpu else ("quick" if a.quick else "full"),
-                       init=a.init_path or "random init")
+                       init=(res.get("sft_path") or a.init_path or "random init"))
             res.setdefault("reps", a.reps)
             benches[key] = res
             log(f"{key}: done in {res['seconds']} s" + "".join(f"; ratio {k} = {v:.3f}" for k, v in (res.get("ratios") or {}).items()))

@@ -97,3 +97,35 @@ def test_throughput_script_skips_cleanly_without_cuda(capsys):
 
 def test_one_peak_table_for_both_gpu_benches():
     assert A.PEAK_BF16_TFLOPS is T.PEAK_BF16_TFLOPS and A.QWEN05_SHAPE is T.QWEN25_05B_SHAPE
+
+
+def test_sft_start_per_size_is_keyed_on_its_shape_and_settings():
+    "The accuracy race's SFT start: the demo keeps its old cache folder and call; other sizes get their shape and settings."
+    import common as C
+    assert C.sft_dir("demo").name == "sft_start" and C.sft_kwargs("demo") == {}
+    kw = C.sft_kwargs("6.3M")
+    assert kw["model_kw"] == C.SIZES["6.3M"] and kw["learning_rate"] < 3e-3
+    assert C.sft_dir("6.3M") != C.sft_dir("demo") and C.sft_dir("6.3M").parent == C.WORK
+    with pytest.raises(ValueError, match="unknown model size '7B'"): C.sft_kwargs("7B")
+
+
+def test_grpo_accuracy_follows_sizes_and_precisions():
+    "grpo_accuracy runs at every size x precision like grpo (demo/fp32 keeps the bare key); --quick still refuses it."
+    a = R.parse_args(["--only", "grpo_accuracy", "--sizes", "demo,6.3M", "--precision", "all"])
+    keys = [k for k, *_ in R.plan(a.only, a.sizes, a.precisions)]
+    assert keys == ["grpo_accuracy", "grpo_accuracy@demo/bf16", "grpo_accuracy@6.3M/fp32",
+                    "grpo_accuracy@6.3M/bf16"]
+    assert R.plan(["rewards", "grpo"], ["6.3M"], ["fp32"]) == [("grpo@6.3M/fp32", "grpo", "6.3M", "fp32"),
+                                                               ("rewards", "rewards", None, None)]
+    with pytest.raises(SystemExit, match="full mode only"): R.main(["--quick", "--only", "grpo_accuracy", "--out", "/nonexistent/x.json"])
+
+
+def test_accuracy_race_learning_rate_per_size():
+    "--acc_lr wins, then the bench's per-size rate, then GRPOConfig's default (the demo's)."
+    defaults = {"learning_rate": 3e-4}
+    a = R.parse_args(["--only", "grpo_accuracy"])
+    assert R.acc_lr(a, "demo", defaults) == (3e-4, "rlhf-nb GRPOConfig's default")
+    lr, src = R.acc_lr(a, "6.3M", defaults)
+    assert lr == R.ACC_LR["6.3M"] and lr < 3e-4 and "6.3M" in src
+    a = R.parse_args(["--only", "grpo_accuracy", "--acc_lr", "5e-5"])
+    assert R.acc_lr(a, "6.3M", defaults) == (5e-5, "--acc_lr")
