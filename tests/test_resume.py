@@ -175,11 +175,14 @@ def test_sigkill_at_random_moment_then_resume_latest(algo, tmp_path, tmp_path_fa
     ref = reference(algo, tmp_path_factory)
     out = tmp_path / "run"
     victim = Run(cmd(algo, out, "--save_total_limit", 2), out)
-    t0, delay = time.time(), random.uniform(0.0, 0.5)
-    while not (out / "checkpoint-2").exists():
+    t0, seen = time.time(), {}
+    while not (out / "checkpoint-2").exists():                          # checkpoints come every step (save_steps 1)
         assert victim.proc.poll() is None, f"run ended before its second checkpoint:\n{victim.tail()}"
         assert time.time() - t0 < TIMEOUT, "no checkpoint-2 in time"
-        time.sleep(0.05)
+        if (out / "checkpoint-1").exists(): seen.setdefault(1, time.time())
+        time.sleep(0.01)
+    step = time.time() - seen.get(1, t0)                                 # about one step's time, whatever the machine
+    delay = random.uniform(0.0, 1.5 * step)                              # somewhere in the next step or two; N - 2 remain
     time.sleep(delay)
     victim.proc.send_signal(signal.SIGKILL)
     rc = victim.wait()
