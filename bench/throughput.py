@@ -51,7 +51,6 @@ def _trainer(algo, shape, steps, warmup_steps, prompts_per_step, num_generations
     "The RL trainer the CLI would build for `algo`, on a random-init model of `shape`, with ParityReward."
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from accelerate.state import AcceleratorState
     from rlhf_nb.algos import GRPOConfig, rl_trainer_class
     from rlhf_nb.data import make_arith
     from rlhf_nb.models import char_tokenizer
@@ -64,8 +63,6 @@ def _trainer(algo, shape, steps, warmup_steps, prompts_per_step, num_generations
                   save_final=False, disable_tqdm=True, bf16=torch.cuda.is_available() if bf16 is None else bf16, seed=seed)
     common.update(overrides)
     cfg = GRPOConfig(num_generations=num_generations, **common) if algo == "grpo" else PPOConfig(kl_coef=0.05, **common)
-    if AcceleratorState._shared_state.get("_mixed_precision") not in (None, "bf16" if cfg.bf16 else "no"):
-        AcceleratorState._reset_state()         # accelerate fixes the precision per process; a benchmark may change it
     rows = make_arith(prompts_per_step * (warmup_steps + steps) * 8, "train", seed=seed)
     return rl_trainer_class(cfg)(cfg, policy=policy, tokenizer=tok, train_dataset=rows, reward_manager=ParityReward()).init_workers()
 

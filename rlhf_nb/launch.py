@@ -201,9 +201,12 @@ def _pop_option(argv, name):
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
                    UnknownEstimatorError, ValueError, WorkerLost, DiskFull, RankLost)
 
+def _launched_world():
+    "Processes of the launch this process is a rank of (torchrun's WORLD_SIZE; 1 when not launched)."
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
 def _rank_prefix():
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
+    return f"[rank {os.environ.get('RANK', '?')}] " if _launched_world() > 1 else ""
 
 def _all_said():
     "Wait until every rank has printed its line (each raised the same agreed error): the launcher stops the others when one exits."
@@ -214,7 +217,7 @@ def _all_said():
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
     status = _main(argv)
-    if argv is None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1: exit_process(status)    # a rank of a launched run: no C++ teardown (SIGABRT)
+    if argv is None and _launched_world() > 1: exit_process(status)    # a rank of a launched run: no C++ teardown (SIGABRT)
     return status
 
 def _main(argv=None):
@@ -338,7 +341,7 @@ def parse_train_args(algo, argv):
         for spec in (cfg.dataset, cfg.eval_dataset): check_dataset(spec)
     if largs.accelerate_config is None:
         given = [k for k in LAUNCH_FLAGS if getattr(largs, k) is not None]
-        if given and int(os.environ.get("WORLD_SIZE", "1") or 1) == 1:
+        if given and _launched_world() == 1:
             raise ConfigError(f"--{given[0]} only applies with --accelerate_config")
     return cfg, data_args, largs
 
@@ -417,7 +420,7 @@ def run_launcher(cmd, env, name):
 # %% ../nbs/04_launch.ipynb #7fb9d092
 def _single_process(name):
     "Refuse to run the one-process stage `name` under a multi-process launcher (it would train the same thing N times)."
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    if _launched_world() > 1:
         raise ConfigError(f"rlhf-nb {name} runs in one process; launch it without accelerate (or use trl_pipeline for multi-GPU)")
 
 def _parse_stage(name, args_cls, argv):
