@@ -4,6 +4,7 @@
     python bench/probes.py shared_prefix   # GRPO: round CPU time with each prompt's K/V shared by its group
     python bench/probes.py imports         # peak RSS after each import (what every trainer process pays first)
     python bench/probes.py profile ARM     # cProfile of one bench arm (e.g. nb_grpo), top entries by cumulative time
+    python bench/probes.py rollout         # GRPO rollout wall time: one batch vs row chunks side by side, per size/precision
 
 CPU time (`time.process_time`) is used throughout: on the shared machine it moves far less than wall time."""
 from __future__ import annotations
@@ -107,6 +108,37 @@ def imports():
     return r.stdout.strip().splitlines()
 
 
+def rollout(reps=3, sizes=("demo", "6.3M", "33.6M")):
+    """Wall seconds of one GRPO rollout (16 prompts x 8 completions, 16 new tokens, each prompt prefilled once): one
+    batch (`generate_rollout`) against two row chunks side by side (`split_rollout`), fp32 and bf16 autocast."""
+    import torch
+    from rlhf_nb.workers import generate_rollout, make_generation_config, prompt_groups
+    from rlhf_nb.fast import split_rollout
+    from rlhf_nb.models import set_attention
+    C.set_threads(2)
+    tok, out = C.tokenizer(), {}
+    rows = C.arith_rows(16)
+    enc = tok([tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True) for r in rows],
+              return_tensors="pt", padding=True)
+    ids, mask = enc.input_ids.repeat_interleave(8, 0), enc.attention_mask.repeat_interleave(8, 0)
+    groups, gc = prompt_groups(ids, mask, 8), make_generation_config(tok, 16)
+    for size in sizes:
+        model = C.policy(tok, seed=0, shape=C.SIZES[size]); set_attention([model], "eager")
+        for prec in ("fp32", "bf16"):
+            def timed(f):
+                ts = []
+                for i in range(reps + 1):
+                    torch.manual_seed(i); t0 = time.perf_counter()
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=prec == "bf16"): f()
+                    ts.append(time.perf_counter() - t0)
+                return round(statistics.median(ts[1:]), 3)
+            args = (model, ids, mask, gc, tok.eos_token_id, tok.pad_token_id)
+            one = timed(lambda: generate_rollout(*args, groups=groups))
+            two = timed(lambda: split_rollout(*args, groups=groups, parts=2))
+            out[f"{size}/{prec}"] = {"one_batch_s": one, "two_chunks_s": two, "ratio": round(two / one, 3)}
+    return out
+
+
 def profile(arm, params=None):
     "cProfile one arm of bench/arms.py with small settings; returns the top lines by cumulative time."
     import cProfile, pstats, io, arms as A
@@ -124,4 +156,4 @@ if __name__ == "__main__":
     what = sys.argv[1] if len(sys.argv) > 1 else "floor"
     if what == "profile": print(profile(sys.argv[2] if len(sys.argv) > 2 else "nb_grpo"))
     elif what == "imports": print("\n".join(imports()))
-    else: print(json.dumps({"floor": floor, "shared_prefix": shared_prefix}[what](), indent=1))
+    else: print(json.dumps({"floor": floor, "shared_prefix": shared_prefix, "rollout": rollout}[what](), indent=1))

@@ -5,14 +5,17 @@
 # %% ../nbs/02a_fast.ipynb #1a57e3d6
 from __future__ import annotations
 import threading
+from contextlib import ExitStack
+from functools import partial
 import torch
 from fastcore.basics import patch
-from .models import intra_op_threads, short_sequence_attention, set_attention
+from .models import intra_op_threads, decode_threads, short_sequence_attention, set_attention
 from .ppo import RLTrainer, loss_weights
-from .workers import Role
+from .workers import Role, generate_rollout, rollout_batch
 
 # %% auto #0
-__all__ = ['run_concurrently', 'resolve_parallel_roles', 'FastRLTrainer']
+__all__ = ['run_concurrently', 'resolve_parallel_roles', 'row_chunks', 'split_rollout', 'resolve_rollout_threads',
+           'FastRLTrainer']
 
 # %% ../nbs/02a_fast.ipynb #851bc65f
 def run_concurrently(tasks, parallel=True):
@@ -20,10 +23,13 @@ def run_concurrently(tasks, parallel=True):
     tasks = list(tasks)
     if not parallel or len(tasks) < 2: return [t() for t in tasks]
     n_threads, grad = torch.get_num_threads(), torch.is_grad_enabled()
+    casts = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]   # thread-local, like grad mode
     results, errors = [None] * len(tasks), [None] * len(tasks)
     def work(i):
         try:
-            with torch.set_grad_enabled(grad): results[i] = tasks[i]()
+            with torch.set_grad_enabled(grad), ExitStack() as stack:
+                for d, dt in casts: stack.enter_context(torch.autocast(d, dtype=dt))
+                results[i] = tasks[i]()
         except BaseException as e: errors[i] = e
     with intra_op_threads(max(1, n_threads // len(tasks))):             # split the cores between the tasks
         threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(1, len(tasks))]
@@ -43,19 +49,66 @@ def resolve_parallel_roles(mode, world, device):
     if mode == "auto": return world == 1 and device.type == "cpu" and torch.get_num_threads() >= 2
     return mode == "on"
 
+# %% ../nbs/02a_fast.ipynb #77a0e244
+def row_chunks(B, groups=None, parts=2):
+    "Cut rows 0..B-1 into at most `parts` contiguous near-equal chunks, between groups when `groups`[B] is given: -> [slice]."
+    if groups is None: bounds = torch.arange(B + 1)                      # any row may start a chunk
+    else: bounds = torch.cat([torch.zeros(1, dtype=torch.long), torch.unique_consecutive(groups, return_counts=True)[1].cumsum(0).cpu()])
+    n = len(bounds) - 1                                                  # units (rows or groups) to share out
+    cuts = [int(bounds[round(k * n / parts)]) for k in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+# %% ../nbs/02a_fast.ipynb #4a734a76
+def _pad_right(x, n, value):
+    "Pad x[B,R,...] along dim 1 to length n with `value`."
+    return x if x.shape[1] == n else torch.cat([x, x.new_full((x.shape[0], n - x.shape[1], *x.shape[2:]), value)], 1)
+
+@torch.no_grad()
+def split_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
+                  synced=False, groups=None, parts=2):
+    """`generate_rollout` over `parts` row chunks side by side in threads, each chunk sampling from its own generator
+    seeded from the global one: same inputs, same batch layout."""
+    if synced: raise ValueError("rollout_threads > 1 needs each rank to hold the whole policy; sharded generation steps all ranks together")
+    chunks = row_chunks(input_ids.shape[0], groups, parts)
+    seeds = torch.randint(0, 2**62, (len(chunks),)).tolist()            # from the global generator: the run's seed fixes them
+    was_training = model.training
+    model.eval()                                                         # once, here: the chunks must not toggle it under each other
+    def chunk(sl, seed):
+        g = torch.Generator(device=input_ids.device).manual_seed(seed)
+        return generate_rollout(model, input_ids[sl], attention_mask[sl], generation_config, eos_token_id, pad_token_id,
+                                return_scores=return_scores, groups=None if groups is None else groups[sl], generator=g)
+    try: outs = run_concurrently([partial(chunk, sl, s) for sl, s in zip(chunks, seeds)])
+    finally: model.train(was_training)
+    R = max(o["responses"].shape[1] for o in outs)
+    batch = rollout_batch(input_ids, attention_mask, torch.cat([_pad_right(o["responses"], R, pad_token_id) for o in outs]),
+                          eos_token_id, pad_token_id)
+    if return_scores: batch["scores"] = torch.cat([_pad_right(o["scores"], R, 0.0) for o in outs])  # [B,R,V]; 0 past a chunk's end
+    return batch
+
+# %% ../nbs/02a_fast.ipynb #9cc00abb
+def resolve_rollout_threads(n, roles_in_parallel, model, device):
+    "How many row chunks the rollout samples side by side: `n` when set, else 2 for parallel roles and a model decode_threads leaves alone."
+    if n is not None: return n
+    return 2 if roles_in_parallel and decode_threads(model, device) is None else 1
+
 # %% ../nbs/02a_fast.ipynb #11fbbcdf
 class FastRLTrainer(RLTrainer):
     "`RLTrainer` with the speed paths: roles side by side, halved micro-batches, deferred first old log-probs."
 
 @patch
 def init_workers(self: FastRLTrainer):
-    "The plain trainer's workers, then whether roles run side by side here and which attention kernel they use."
+    "The plain trainer's workers, then whether roles and rollout chunks run side by side here, and which attention kernel."
     RLTrainer.init_workers(self)
     cfg = self.config
     self.roles_in_parallel = resolve_parallel_roles(cfg.parallel_roles, self.world, self.accelerator.device)
     longest = max(map(len, getattr(self.train_dataset, "prompt_ids", [[]])), default=0) + cfg.max_completion_length
     self.attention = short_sequence_attention(self.accelerator.device, longest, cfg.attn_implementation)
     if self.attention: set_attention([self.policy, *self.workers.values(), getattr(self, "reference", None)], self.attention)
+    actor = self.workers[Role.ActorRollout]
+    self.rollout_threads = resolve_rollout_threads(cfg.rollout_threads, self.roles_in_parallel, actor.policy, self.accelerator.device)
+    if self.rollout_threads > 1:
+        if actor.synced_generation: raise ValueError("rollout_threads > 1 needs each rank to hold the whole policy (not FSDP)")
+        actor.rollout_fn = partial(split_rollout, parts=self.rollout_threads)
     return self
 
 # %% ../nbs/02a_fast.ipynb #382d74c4

@@ -135,6 +135,10 @@ class LoopArgs(AccelerateArgs):
     parallel_roles: str = option("auto", "Fast paths: run independent roles side by side in threads (old-policy/reference/critic "
                                  "forwards; actor and critic updates): 'auto' = on for one CPU process with >= 2 torch threads, 'on', 'off'.",
                                  choices=["auto", "on", "off"])
+    rollout_threads: Optional[int] = option(None, "Fast paths: sample the rollout's rows in this many chunks side by side in "
+                                            "threads, each drawing from its own random generator seeded from the run's (the same "
+                                            "distribution; other draws than one batch would take). None = 2 when roles run side by "
+                                            "side and the policy's hidden size is >= 256, else 1.")
     disable_tqdm: bool = option(False, "Hide the progress bar.")
     max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
 
@@ -155,6 +159,8 @@ class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, Lo
         check_accelerate_args(self)
         if self.parallel_roles not in ("auto", "on", "off"):
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
+        if self.rollout_threads is not None and self.rollout_threads < 1:
+            raise ValueError(f"rollout_threads must be >= 1 (or unset for automatic), got {self.rollout_threads}")
         if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
         get_policy_loss(self.policy_loss)

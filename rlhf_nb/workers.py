@@ -4,13 +4,14 @@
 
 # %% ../nbs/01c_workers.ipynb #fcf56724
 from __future__ import annotations
-import copy, enum, warnings
+import copy, enum, threading, warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
 from transformers import DynamicCache, GenerationConfig, get_scheduler
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from .core import logprobs_from_logits, logprobs_and_entropy, eos_response_mask, forward_attention_mask
 from .engine import make_adamw, load_weights, torch_load
 from .models import intra_op_threads, decode_threads, param_bytes, disable_dropout, wrap_lora, is_peft_model
@@ -18,8 +19,8 @@ from .models import intra_op_threads, decode_threads, param_bytes, disable_dropo
 # %% auto #0
 __all__ = ['Role', 'Reference', 'causal_lm_logits', 'quiet_cache_rename', 'shared_prefix_logits', 'reference_memory_table',
            'TokenValueModel', 'ActorModule', 'make_generation_config', 'sequence_positions', 'shared_prompt_cache',
-           'generate_rollout', 'prompt_groups', 'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker',
-           'RefPolicyWorker', 'RewardWorker']
+           'GeneratorSampler', 'generator_sampling', 'rollout_batch', 'generate_rollout', 'prompt_groups',
+           'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker', 'RewardWorker']
 
 # %% ../nbs/01c_workers.ipynb #f2b403df
 class Role(enum.Enum):
@@ -67,12 +68,24 @@ def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, gro
     return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
 
 # %% ../nbs/01c_workers.ipynb #96d033e9
+_quiet = {"lock": threading.Lock(), "depth": 0, "entry": None}
+
 @contextmanager
 def quiet_cache_rename():
-    "Silence transformers' notice that `past_key_values` is being renamed `cache` (5.2x): it would print into every run's log."
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
-        yield
+    """Silence transformers' notice that `past_key_values` is being renamed `cache` (5.2x): it would print into every run's
+    log. Threads may enter it at once (`warnings.catch_warnings` may not: each restores the filters it saw on entry)."""
+    with _quiet["lock"]:
+        if _quiet["depth"] == 0:
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            _quiet["entry"] = warnings.filters[0]
+        _quiet["depth"] += 1
+    try: yield
+    finally:
+        with _quiet["lock"]:
+            _quiet["depth"] -= 1
+            if _quiet["depth"] == 0 and _quiet["entry"] in warnings.filters:
+                warnings.filters.remove(_quiet["entry"])
+                getattr(warnings, "_filters_mutated", lambda: None)()
 
 def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
     "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
@@ -183,30 +196,59 @@ def shared_prompt_cache(model, input_ids, attention_mask, groups):
     for layer in cache.layers: layer.keys, layer.values = layer.keys[inv], layer.values[inv]     # [G,h,P-1,d] -> [B,h,P-1,d]
     return cache
 
-@torch.no_grad()
-def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
-                     synced=False, groups=None):
-    """Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors.
-    `groups`[B] (rows of one group hold the same prompt): each prompt is prefilled once (`shared_prompt_cache`)."""
-    was_training = model.training
-    model.eval()
-    gc = copy.deepcopy(generation_config)
-    gc.return_dict_in_generate, gc.output_scores = True, return_scores
-    with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
-        share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
-        kw = {"past_key_values": shared_prompt_cache(model, input_ids, attention_mask, groups)} if share else {}
-        with quiet_cache_rename():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced, **kw)  # synced: sharded ranks step together
-    if was_training: model.train()
-    P = input_ids.shape[1]
-    responses = out.sequences[:, P:]                                      # [B,R], R <= max_new_tokens
+class GeneratorSampler(LogitsProcessor):
+    "The last logits processor: samples each row's next token with its own `torch.Generator` and keeps only that token's score."
+    def __init__(self, generator, keep_scores=False): self.generator, self.scores = generator, ([] if keep_scores else None)
+    def __call__(self, input_ids, scores):                               # scores [B,V]: float32, already warped
+        if self.scores is not None: self.scores.append(scores.clone())
+        picked = torch.multinomial(torch.softmax(scores, -1), 1, generator=self.generator)   # [B,1], as generate samples
+        return torch.full_like(scores, -float("inf")).scatter_(1, picked, 0.0)
+
+_OTHER_WARPERS = ("min_p", "typical_p", "top_h", "epsilon_cutoff", "eta_cutoff")
+
+def generator_sampling(gc, generator, keep_scores=False):
+    """Turn the sampling config `gc` into greedy decoding over `generate`'s own warpers plus a `GeneratorSampler`:
+    -> (gc for `generate`, processors, sampler). Same tokens as `generate`'s sampling drawing from `generator`."""
+    odd = [k for k in _OTHER_WARPERS if getattr(gc, k, None) not in (None, 1.0, 0.0)]
+    if odd: raise ValueError(f"sampling with a generator supports temperature, top_k and top_p, not {odd}")
+    warp = []
+    if gc.temperature is not None and gc.temperature != 1.0: warp.append(TemperatureLogitsWarper(gc.temperature))
+    if gc.top_k is not None and gc.top_k != 0: warp.append(TopKLogitsWarper(top_k=gc.top_k, min_tokens_to_keep=1))
+    if gc.top_p is not None and gc.top_p < 1.0: warp.append(TopPLogitsWarper(top_p=gc.top_p, min_tokens_to_keep=1))
+    sampler = GeneratorSampler(generator, keep_scores)
+    gc = copy.deepcopy(gc)
+    gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.output_scores = False, None, None, None, False
+    return gc, LogitsProcessorList(warp + [sampler]), sampler
+
+def rollout_batch(input_ids, attention_mask, responses, eos_token_id, pad_token_id):
+    "Prompts [B,P] and sampled tokens [B,R] -> the rollout batch: responses cut at their first eos, masks and positions."
     response_mask, has_eos = eos_response_mask(responses, eos_token_id)
     responses = responses.masked_fill(response_mask == 0, pad_token_id)
     full_mask = torch.cat([attention_mask, response_mask], 1)             # [B,P+R]
-    batch = {"input_ids": torch.cat([input_ids, responses], 1), "attention_mask": full_mask,
-             "position_ids": sequence_positions(full_mask), "prompts": input_ids, "prompt_mask": attention_mask,
-             "responses": responses, "response_mask": response_mask, "has_eos": has_eos}
-    if return_scores: batch["scores"] = torch.stack(out.scores, 1)       # [B,R,V] processed logits, for tests
+    return {"input_ids": torch.cat([input_ids, responses], 1), "attention_mask": full_mask,
+            "position_ids": sequence_positions(full_mask), "prompts": input_ids, "prompt_mask": attention_mask,
+            "responses": responses, "response_mask": response_mask, "has_eos": has_eos}
+
+@torch.no_grad()
+def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
+                     synced=False, groups=None, generator=None):
+    """Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors.
+    `groups`[B] (rows of one group hold the same prompt): each prompt is prefilled once (`shared_prompt_cache`).
+    `generator`: draw the samples from this `torch.Generator` instead of torch's global one (`generator_sampling`)."""
+    was_training = model.training
+    model.eval()
+    gc, kw, sampler = copy.deepcopy(generation_config), {}, None
+    gc.return_dict_in_generate, gc.output_scores = True, return_scores
+    if generator is not None and gc.do_sample:
+        gc, kw["logits_processor"], sampler = generator_sampling(gc, generator, keep_scores=return_scores)
+    with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
+        share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
+        if share: kw["past_key_values"] = shared_prompt_cache(model, input_ids, attention_mask, groups)
+        with quiet_cache_rename():
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced, **kw)  # synced: sharded ranks step together
+    if was_training: model.train()
+    batch = rollout_batch(input_ids, attention_mask, out.sequences[:, input_ids.shape[1]:], eos_token_id, pad_token_id)
+    if return_scores: batch["scores"] = torch.stack(sampler.scores if sampler else out.scores, 1)   # [B,R,V] processed logits, for tests
     return batch
 
 # %% ../nbs/01c_workers.ipynb #2c736539
@@ -272,6 +314,7 @@ class ActorRolloutWorker(TrainedWorker):
                                                         config.top_k, config.top_p)
 
     synced_generation = False                                            # True when ranks hold shards of one model
+    rollout_fn = None                                                    # a speed path's sampler in place of generate_rollout
 
     @property
     def policy(self): return self.unwrapped.policy
@@ -295,7 +338,7 @@ def generate_sequences(self: ActorRolloutWorker, batch):
     ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
     groups = prompt_groups(ids, mask, G) if G > 1 and self.config.share_prompt_prefix else None
     with torch.no_grad(), self.accelerator.autocast():
-        ro = generate_rollout(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
+        ro = (self.rollout_fn or generate_rollout)(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
                               self.tokenizer.pad_token_id, synced=self.synced_generation, groups=groups)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
     if groups is not None: out["prompt_group"] = groups
