@@ -6,6 +6,7 @@
 from __future__ import annotations
 import contextlib, dataclasses, json, math, os, random, time, warnings
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 import torch
 import torch.nn.functional as F
@@ -23,11 +24,13 @@ from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 from .workers import shared_prefix_logits, sequence_positions
+from .fast import run_concurrently, resolve_parallel_roles
 
 # %% auto #0
 __all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'dpo_loss', 'encode_pair', 'collate_pairs',
            'collate_shared_prompt', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
-           'arith_preference_rows', 'check_pairs', 'encode_pairs', 'DPOTrainer', 'dpo_data', 'dpo_train', 'run_dpo']
+           'arith_preference_rows', 'check_pairs', 'encode_pairs', 'resolve_parallel_halves', 'DPOTrainer',
+           'pair_metrics', 'dpo_data', 'dpo_train', 'run_dpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -169,6 +172,10 @@ class _DPOLoss:
                                           "(turns share_prompt_prefix off: it needs the KV cache in training).")
     share_prompt_prefix: bool = option(True, "Run each pair's prompt once and both answers on its keys/values (same numbers, "
                                        "less work); False runs the prompt with each answer.")
+    parallel_halves: str = option("auto", "Each step's pairs in two halves, forward and backward side by side in threads with "
+                                  "one intra-op thread each (the same gradient up to float rounding): 'auto' = on for one CPU "
+                                  "process with >= 2 torch threads and precomputed reference log-probs, 'on', 'off'.",
+                                  choices=["auto", "on", "off"])
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
@@ -199,6 +206,11 @@ class DPOConfig(_DPOLoss, AccelerateArgs, LoadArgs, _DPOData):
         if not self.beta > 0: raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base with the adapter disabled)")
+        if self.parallel_halves not in ("auto", "on", "off"):
+            raise ValueError(f"parallel_halves must be 'auto', 'on' or 'off', not {self.parallel_halves!r}")
+        if self.parallel_halves == "on" and self.ref_strategy == "peft":
+            raise ValueError("parallel_halves='on' needs ref_strategy='precompute': with 'peft' each half switches the shared "
+                             "adapter off for its reference forward, under the other half's policy forward")
         check_accelerate_args(self)                                       # bf16 and ddp_timeout: the RL trainers' options
 
 # %% ../nbs/03_dpo_grpo.ipynb #22e5676d
@@ -266,6 +278,13 @@ def encode_pairs(tokenizer, rows, config, source="pairs"):
     return [encode_pair(tokenizer, r["prompt"], r["chosen"], r["rejected"], config.max_length, config.max_prompt_length)
             for r in check_pairs(rows, source)]
 
+# %% ../nbs/03_dpo_grpo.ipynb #d9904d62
+def resolve_parallel_halves(mode, world, device, ref_strategy="precompute"):
+    "Whether a DPO step's halves run side by side: 'on' / 'off', or 'auto' = one CPU process, >= 2 threads, precomputed reference."
+    if mode == "on" and world > 1:
+        raise ValueError("parallel_halves='on' needs a single process: under DDP each backward pass all-reduces the gradients; use 'auto' or 'off'")
+    return ref_strategy == "precompute" and resolve_parallel_roles(mode, world, device)
+
 # %% ../nbs/03_dpo_grpo.ipynb #62b35799
 class DPOTrainer:
     "Direct Preference Optimization of `model` on preference rows: the engine's run shell, data-parallel through `accelerate`."
@@ -288,6 +307,7 @@ class DPOTrainer:
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits
         self.share_prompt = config.share_prompt_prefix and not config.gradient_checkpointing
+        self.halves = resolve_parallel_halves(config.parallel_halves, self.world, acc.device, config.ref_strategy)
         warm = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self.run_log = RunLog(config.output_dir, config.report_to, dataclasses.asdict(config), acc.is_main_process)
@@ -326,8 +346,8 @@ def _ref_logps(self: DPOTrainer, split, idx, batch):
 
 # %% ../nbs/03_dpo_grpo.ipynb #209d19d6
 @patch
-def compute_loss(self: DPOTrainer, idx, split="train"):
-    "DPO loss of pairs `idx` of `split` and TRL-named metrics. -> (loss scalar, metrics dict)"
+def pair_terms(self: DPOTrainer, idx, split="train"):
+    "Per-pair terms of pairs `idx` of `split`: -> dict of [b] tensors (DPO losses, implicit rewards, policy log-probs, lengths)."
     c = self.config
     encoded = self.train_encoded if split == "train" else self.eval_encoded
     collate = collate_shared_prompt if self.share_prompt else collate_pairs
@@ -338,15 +358,30 @@ def compute_loss(self: DPOTrainer, idx, split="train"):
         rc, rr = self._ref_logps(split, torch.as_tensor(idx), batch)
     lens_c, lens_r = batch["completion_mask"].sum(-1).float().chunk(2)
     losses, cr, rj = dpo_loss(pc, pr, rc, rr, c.beta, c.loss_type, c.label_smoothing, lens_c, lens_r)
-    loss = losses.mean()
-    m = {"loss": loss.item(), "rewards/chosen": cr.mean().item(), "rewards/rejected": rj.mean().item(),
+    return dict(losses=losses, chosen_rewards=cr, rejected_rewards=rj, logps_chosen=pc, logps_rejected=pr, len_chosen=lens_c)
+
+@patch
+def batch_loss(self: DPOTrainer, t, n=None):
+    "The loss of terms `t` as their share of a batch of `n` pairs (default: their own number): the DPO mean, plus RPO's NLL."
+    n = n or len(t["losses"])
+    loss = t["losses"].sum() / n
+    if self.config.rpo_alpha: loss = loss + self.config.rpo_alpha * (-t["logps_chosen"] / t["len_chosen"]).sum() / n
+    return loss
+
+def pair_metrics(t, rpo_alpha=None):
+    "TRL's DPO metrics of terms `t` (detached): loss, rewards, accuracies, margins, log-probs (and nll_loss with RPO)."
+    cr, rj = t["chosen_rewards"], t["rejected_rewards"]
+    m = {"loss": t["losses"].mean().item(), "rewards/chosen": cr.mean().item(), "rewards/rejected": rj.mean().item(),
          "rewards/accuracies": (cr > rj).float().mean().item(), "rewards/margins": (cr - rj).mean().item(),
-         "logps/chosen": pc.mean().item(), "logps/rejected": pr.mean().item()}
-    if c.rpo_alpha:
-        nll = (-pc / lens_c).mean()
-        loss = loss + c.rpo_alpha * nll
-        m["nll_loss"] = nll.item()
-    return loss, m
+         "logps/chosen": t["logps_chosen"].mean().item(), "logps/rejected": t["logps_rejected"].mean().item()}
+    if rpo_alpha: m["nll_loss"] = (-t["logps_chosen"] / t["len_chosen"]).mean().item()
+    return m
+
+@patch
+def compute_loss(self: DPOTrainer, idx, split="train"):
+    "DPO loss of pairs `idx` of `split` and TRL-named metrics. -> (loss scalar, metrics dict)"
+    t = self.pair_terms(idx, split)
+    return self.batch_loss(t), pair_metrics({k: v.detach() for k, v in t.items()}, self.config.rpo_alpha)
 
 # %% ../nbs/03_dpo_grpo.ipynb #bf7d856e
 @patch
@@ -387,10 +422,18 @@ def total_steps(self: DPOTrainer):
 @patch
 def training_step(self: DPOTrainer, idx):
     "One optimiser step on the global batch `idx` (this process computes its slice). -> metrics averaged over processes"
-    acc = self.accelerator
-    loss, m = self.compute_loss(idx[self.rank::self.world])
+    acc, mine = self.accelerator, idx[self.rank::self.world]
     self.optimizer.zero_grad(set_to_none=True)
-    acc.backward(loss)                                    # every process, NaN or not: DDP averages the gradients here
+    if self.halves and len(mine) >= 2:                    # two halves side by side, each adding its share of the gradient
+        def half(part):
+            t = self.pair_terms(part); acc.backward(self.batch_loss(t, len(mine)))
+            return {k: v.detach() for k, v in t.items()}
+        parts = run_concurrently([partial(half, p) for p in (mine[:len(mine) // 2], mine[len(mine) // 2:])])
+        t = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+        loss, m = self.batch_loss(t), pair_metrics(t, self.config.rpo_alpha)
+    else:
+        loss, m = self.compute_loss(mine)
+        acc.backward(loss)                                # every process, NaN or not: DDP averages the gradients here
     grad_norm = acc.clip_grad_norm_(self.model_wrapped.parameters(), self.config.max_grad_norm)
     vals = torch.tensor([loss.item(), *m.values()], dtype=torch.float64, device=acc.device)
     if self.world > 1: vals = acc.reduce(vals, "mean")
