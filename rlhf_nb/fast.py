@@ -11,7 +11,7 @@ import torch
 from fastcore.basics import patch
 from .models import intra_op_threads, decode_threads, short_sequence_attention, set_attention
 from .ppo import RLTrainer, loss_weights
-from .workers import Role, generate_rollout, rollout_batch
+from .workers import Role, ActorRolloutWorker, generate_rollout, rollout_batch
 
 # %% auto #0
 __all__ = ['run_concurrently', 'resolve_parallel_roles', 'row_chunks', 'split_rollout', 'resolve_rollout_threads',
@@ -104,11 +104,13 @@ def init_workers(self: FastRLTrainer):
     longest = max(map(len, getattr(self.train_dataset, "prompt_ids", [[]])), default=0) + cfg.max_completion_length
     self.attention = short_sequence_attention(self.accelerator.device, longest, cfg.attn_implementation)
     if self.attention: set_attention([self.policy, *self.workers.values(), getattr(self, "reference", None)], self.attention)
-    actor = self.workers[Role.ActorRollout]
-    self.rollout_threads = resolve_rollout_threads(cfg.rollout_threads, self.roles_in_parallel, actor.policy, self.accelerator.device)
-    if self.rollout_threads > 1:
-        if actor.synced_generation: raise ValueError("rollout_threads > 1 needs each rank to hold the whole policy (not FSDP)")
-        actor.rollout_fn = partial(split_rollout, parts=self.rollout_threads)
+    actor, self.rollout_threads = self.workers[Role.ActorRollout], 1
+    if isinstance(actor, ActorRolloutWorker):                            # (under Ray, the role's own workers decide this)
+        n = resolve_rollout_threads(cfg.rollout_threads, self.roles_in_parallel and not actor.synced_generation, actor.policy,
+                                    self.accelerator.device)
+        if n > 1 and actor.synced_generation: raise ValueError("rollout_threads > 1 needs each rank to hold the whole policy (not FSDP)")
+        if n > 1: actor.rollout_fn = partial(split_rollout, parts=n)
+        self.rollout_threads = n
     return self
 
 # %% ../nbs/02a_fast.ipynb #382d74c4
