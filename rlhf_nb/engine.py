@@ -15,19 +15,19 @@ from fastcore.basics import patch
 from .config import ConfigError, option
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'M_ARENA_MAX',
-           'ARENAS_CAPPED', 'LOCK_NAME', 'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes',
-           'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'distributed_world', 'agree_disk_full',
-           'caught_disk_full', 'save_atomic', 'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines',
-           'read_metrics', 'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'close_sinks', 'sink_folder',
-           'metric_sinks', 'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card', 'hub_api',
-           'push_to_hub', 'CarriageReturnLines', 'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints',
-           'write_checkpoint', 'missing_files', 'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load',
-           'load_weights', 'NanGuard', 'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state',
-           'limit_malloc_arenas', 'AccelerateArgs', 'check_accelerate_args', 'make_accelerator', 'merge_rank_metrics',
-           'param_checksum', 'gather_checksums', 'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir',
-           'Interrupted', 'StopSignals', 'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints',
-           'end_distributed', 'exit_process', 'make_adamw']
+__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'LOCK_NAME',
+           'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard',
+           'file_size_limit', 'append_line', 'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic',
+           'fresh_output_dir', 'save_model_folder', 'parse_metrics_lines', 'read_metrics', 'open_metrics', 'trl_names',
+           'MissingExtra', 'require_extra', 'close_sinks', 'sink_folder', 'metric_sinks', 'RunLog', 'check_report_to',
+           'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
+           'log_progress', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files',
+           'resolve_checkpoint', 'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights', 'NanGuard',
+           'TimeBudget', 'accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'AccelerateArgs',
+           'check_accelerate_args', 'make_accelerator', 'merge_rank_metrics', 'param_checksum', 'gather_checksums',
+           'peak_memory', 'OutputDirBusy', 'lock_output_dir', 'unlock_output_dir', 'Interrupted', 'StopSignals',
+           'RankLost', 'note_rank_pids', 'rank_lost', 'RunGuard', 'LoopCheckpoints', 'end_distributed', 'exit_process',
+           'make_adamw']
 
 # %% ../nbs/01b_engine.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -589,22 +589,6 @@ def process_state():
     "accelerate's `PartialState`, honouring ACCELERATE_USE_CPU (which a bare `PartialState()` ignores)."
     from accelerate import PartialState
     return PartialState(cpu=accelerate_cpu())
-
-# %% ../nbs/01b_engine.ipynb #addc95fb
-M_ARENA_MAX = -8                                                          # mallopt's parameter number, from glibc's <malloc.h>
-
-def limit_malloc_arenas(n, environ=None):
-    "Cap glibc's malloc arenas at `n` for arenas created from now on; True if applied (glibc, no MALLOC_ARENA_MAX set)."
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"the arena count must be an integer >= 1, got {n!r}")
-    if "MALLOC_ARENA_MAX" in (os.environ if environ is None else environ): return False   # the user's own setting
-    import ctypes, platform
-    if platform.libc_ver()[0] != "glibc": return False                    # macOS, musl: no mallopt arenas
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    return mallopt is not None and mallopt(M_ARENA_MAX, n) == 1
-
-ARENAS_CAPPED = limit_malloc_arenas(1)                                   # at import: before the run's threads allocate
-
 
 # %% ../nbs/01b_engine.ipynb #dd6a98c6
 @dataclass
