@@ -52,7 +52,7 @@ def _trainer(algo, shape, steps, warmup_steps, prompts_per_step, num_generations
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from rlhf_nb.algos import GRPOConfig, rl_trainer_class
-    from rlhf_nb.data import make_arith
+    from rlhf_nb.arith import make_arith
     from rlhf_nb.models import char_tokenizer
     from rlhf_nb.ppo import PPOConfig
     tok = char_tokenizer()
@@ -111,7 +111,8 @@ def trl_throughput(shape=None, steps=3, warmup_steps=1, prompts_per_step=16, num
     import time, torch
     from transformers import Qwen2Config, Qwen2ForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from rlhf_nb.data import make_arith, to_trl_grpo
+    from rlhf_nb.arith import make_arith
+    from rlhf_nb.dataset import to_trl_grpo
     from rlhf_nb.engine import peak_memory
     from rlhf_nb.models import char_tokenizer
     cuda = torch.cuda.is_available()

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Optional
 import torch
 from .config import ConfigError, option, parse_config
-from .data import make_arith, resolve_dataset
+from .arith import make_arith
+from .prep import resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
 from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
 from .engine import (DEFAULT_PANELS, ensure_cpu_distributed, peak_memory, plot_metrics, process_state, read_metrics,

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from tqdm.auto import tqdm
-from . import data
+from . import arith, data
 from .config import option
 from .core import logprobs_from_logits, forward_attention_mask
-from .data import DataError, read_train_test, validate_rows
+from .data import DataError, validate_rows
+from .prep import read_train_test
 from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
 from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .engine import RunGuard, Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
@@ -531,9 +532,9 @@ def dpo_data(config, policy=None, tokenizer=None):
     n, n_eval = config.num_pairs, config.num_eval_pairs
     if config.dataset == "arith":
         sampler = policy if config.rejected_from_policy else None
-        train = arith_preference_rows(data.make_arith(n, "train", seed=config.seed), sampler, tokenizer, seed=config.seed)
-        ev = arith_preference_rows(data.make_arith(n_eval, "test", seed=config.seed + 1), sampler, tokenizer, seed=config.seed + 1)
-        return train, ev, data.make_arith(config.num_eval_prompts, "test", seed=0) if config.num_eval_prompts else None
+        train = arith_preference_rows(arith.make_arith(n, "train", seed=config.seed), sampler, tokenizer, seed=config.seed)
+        ev = arith_preference_rows(arith.make_arith(n_eval, "test", seed=config.seed + 1), sampler, tokenizer, seed=config.seed + 1)
+        return train, ev, arith.make_arith(config.num_eval_prompts, "test", seed=0) if config.num_eval_prompts else None
     if config.dataset in ("hh-rlhf", "Anthropic/hh-rlhf"):
         splits = data.prep_hh(config.dataset_source, variant="rm")
         if "train" in splits: train, ev = splits["train"][:n], splits.get("test", [])[:n_eval]

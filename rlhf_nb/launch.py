@@ -18,7 +18,8 @@ from .config import ConfigError, find_config, make_parser, option, packaged_conf
 from .core import UnknownEstimatorError
 from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distributed_world, end_distributed, exit_process, ensure_cpu_distributed, list_checkpoints,
                             log_progress, model_card, process_state, push_to_hub)
-from .data import DataArgs, DataError, check_dataset, prep_main
+from .data import DataError
+from .prep import DataArgs, check_dataset, prep_main
 from .models import check_model_path
 from .rewards import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval

@@ -20,7 +20,8 @@ from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg
 from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
                             NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted,
                             agree_disk_full, caught_disk_full, AccelerateArgs, check_accelerate_args, make_accelerator)
-from .data import RLHFDataset, load_split, held_out_spec, render_prompt
+from .prep import load_split, held_out_spec
+from .dataset import RLHFDataset, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)
 from .rewards import RewardManager, ValidationScorer, load_reward_model

@@ -16,7 +16,9 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
-from .data import DataError, make_arith, load_split, last_boxed
+from .data import DataError, last_boxed
+from .arith import make_arith
+from .prep import load_split
 from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
@@ -646,7 +648,7 @@ def trl_reward_func(compute_score=compute_score, data_source=None, fail_score=0.
         n = len(completions)
         sources = columns.get("data_source") or [data_source] * n
         if ground_truth is None:
-            if reward_model is None: raise KeyError(f"{name}: no 'ground_truth' (or 'reward_model') column; rlhf_nb.data.to_trl_grpo adds it")
+            if reward_model is None: raise KeyError(f"{name}: no 'ground_truth' (or 'reward_model') column; rlhf_nb.dataset.to_trl_grpo adds it")
             ground_truth = [_as_reward_fields(r).get("ground_truth") for r in reward_model]
         if any(s is None for s in sources): raise KeyError(f"{name}: no 'data_source' column and no default data_source given")
         if compute_score is globals()["compute_score"]:   # a misspelt source is a config error: raise, as RewardManager does

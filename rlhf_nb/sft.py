@@ -13,7 +13,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .config import ConfigError, option
-from .data import DataError, make_arith, load_split, render_prompt
+from .data import DataError
+from .arith import make_arith
+from .prep import load_split
+from .dataset import render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, LoadArgs, load_kwargs, prepare_for_training, is_peft_model
 from .engine import write_json_atomic

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import torch
-from . import data
+from . import prep
 from .config import ConfigError, option, parse_config
 from .engine import log_progress
-from .data import DataArgs, parse_split, read_train_test, select_split, to_trl_dpo, to_trl_grpo, to_trl_sft
+from .prep import DataArgs, parse_split, read_train_test, select_split
+from .dataset import to_trl_dpo, to_trl_grpo, to_trl_sft
 from .ppo import PPOConfig
 from .algos import run_rl
 from .dpo import arith_preference_rows
@@ -156,11 +157,11 @@ def pipeline_rows(script_args, row_kind, seed=0):
     "rlhf-nb rows of `row_kind` ('sft', 'pref', 'rl') for `script_args.dataset_name`; None when it is a hub dataset. -> (train, test)"
     name = script_args.dataset_name
     if name is None: raise ValueError("dataset_name is not set (and no train_dataset was passed)")
-    if name in data.PREPROCESSORS:
+    if name in prep.PREPROCESSORS:
         opts = {"n_train": script_args.num_train_rows, "n_test": script_args.num_eval_rows}
         if name != "arith": opts["source"] = script_args.dataset_source
         if name == "hh-rlhf": opts["variant"] = {"pref": "rm", "sft": "sft", "rl": "rl"}[row_kind]
-        splits = dict(data.prep(name, **{k: v for k, v in opts.items() if v is not None}))
+        splits = dict(prep.prep(name, **{k: v for k, v in opts.items() if v is not None}))
     elif Path(name).exists(): splits = dict(zip(("train", "test"), read_train_test(name, "rl")))
     else: return None
     train = select_split(splits, script_args.dataset_train_split)

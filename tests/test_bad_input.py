@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlhf_nb import data, launch
-from rlhf_nb.data import DataError, RLHFDataset, make_arith, write_parquet
+from rlhf_nb import data, dataset, launch, prep
+from rlhf_nb.data import DataError, write_parquet
+from rlhf_nb.arith import make_arith
+from rlhf_nb.dataset import RLHFDataset
 from rlhf_nb.models import DEFAULT_CHAT_TEMPLATE, char_tokenizer, ensure_chat_ready, tiny_value_model
 from _rewards import ParityReward
 
@@ -232,7 +234,7 @@ def test_dpo_missing_preference_column(run, tmp_path):
 def test_renamed_column_in_a_raw_dataset(tmp_path, capsys):
     src = tmp_path / "gsm"; src.mkdir()
     (src / "train.jsonl").write_text(json.dumps({"query": "1+1?", "answer": "2 #### 2"}) + "\n")
-    rc = data.prep_main(["gsm8k", "--source", str(src), "--out", str(tmp_path / "out")])
+    rc = prep.prep_main(["gsm8k", "--source", str(src), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and err == [f"rlhf-nb prep: error: {src / 'train.jsonl'}: row 0: missing column 'question' "
                                "(columns: query, answer)"], err
@@ -340,7 +342,7 @@ def test_tokenizer_without_pad_token():
     with pytest.raises(ValueError, match=r"tokenizer has no pad token: set tokenizer.pad_token, or call "
                                          r"rlhf_nb.models.ensure_chat_ready\(tokenizer\)"):
         RLHFDataset(make_arith(2), tok)
-    with pytest.raises(ValueError, match="collate_fn needs a pad_token_id"): data.collate_fn([{"input_ids": [1]}], None)
+    with pytest.raises(ValueError, match="collate_fn needs a pad_token_id"): dataset.collate_fn([{"input_ids": [1]}], None)
 
 
 def test_tokenizer_without_chat_template():

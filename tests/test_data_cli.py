@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import pyarrow.parquet as pq
 
-from rlhf_nb import data
+from rlhf_nb import arith, data, prep
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -23,7 +23,7 @@ def cli(*args, timeout=300):
 
 def prep_inproc(capsys, *args):
     "Call `prep_main` in this process: (exit status, stdout, stderr)."
-    rc = data.prep_main([str(a) for a in args])
+    rc = prep.prep_main([str(a) for a in args])
     cap = capsys.readouterr()
     return rc, cap.out, cap.err
 
@@ -58,7 +58,7 @@ def test_arith_cli_writes_train_and_test(tmp_path):
         assert row["completion"] == f"{ans} #### {ans}" and row["reward_model"] == {"style": "rule", "ground_truth": str(ans)}
     # train/test disjoint, and the files are what the library function returns
     assert not {r["prompt"][0]["content"] for r in train} & {r["prompt"][0]["content"] for r in test}
-    assert data.read_rows(out / "train.parquet", kind="sft") == data.prep_arith(300, 40, seed=1)["train"]
+    assert data.read_rows(out / "train.parquet", kind="sft") == arith.prep_arith(300, 40, seed=1)["train"]
     assert json.loads((out / "prep.json").read_text())["rows"] == {"train": 300, "test": 40}
     assert "300 rows" in r.stdout and no_temp_left(tmp_path) == []
 
@@ -66,8 +66,8 @@ def test_arith_cli_writes_train_and_test(tmp_path):
 def test_arith_disjoint_across_seeds_and_forms():
     key = lambda r: r["extra_info"]["expression"]
     for kw in [dict(), dict(ops="+-*", steps=2), dict(digits=1), dict(ops="+*", steps=3, word_problems=0.5)]:
-        train = {key(r) for s in (0, 1, 2) for r in data.make_arith(2000, "train", seed=s, **kw)}
-        test = {key(r) for s in (0, 1, 2) for r in data.make_arith(200, "test", seed=s, **kw)}
+        train = {key(r) for s in (0, 1, 2) for r in arith.make_arith(2000, "train", seed=s, **kw)}
+        test = {key(r) for s in (0, 1, 2) for r in arith.make_arith(200, "test", seed=s, **kw)}
         assert train and test and not train & test, kw
 
 
@@ -130,7 +130,7 @@ def test_bad_input_one_line_nothing_written(tmp_path, capsys, case):
         else: (src / name).write_text(content)
     # `out` already holds a good earlier run: a failed prep must leave it exactly as it was
     out = tmp_path / "out"
-    assert data.prep_main(["arith", "--out", str(out), "--n_train", "20", "--n_test", "5"]) == 0
+    assert prep.prep_main(["arith", "--out", str(out), "--n_train", "20", "--n_test", "5"]) == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()
     rc, stdout, err = prep_inproc(capsys, *argv, "--source", src, "--out", out)
@@ -176,7 +176,7 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch, capsys):
     def flaky(rows, path, kind="rl"):
         if Path(path).name == "test.parquet": raise OSError("No space left on device")
         return real(rows, path, kind)
-    monkeypatch.setattr(data, "write_parquet", flaky)
+    monkeypatch.setattr(prep, "write_parquet", flaky)
     rc, _, err = prep_inproc(capsys, "arith", "--out", tmp_path / "o", "--n_train", "10", "--n_test", "5")
     assert rc == 1 and "No space left on device" in err
     assert not (tmp_path / "o").exists() and no_temp_left(tmp_path) == []
@@ -221,12 +221,12 @@ def test_two_processes_prepare_once(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import json, os
         from accelerate import PartialState
-        from rlhf_nb import data
+        from rlhf_nb import arith, prep
         def counted(**kw):
             with open({str(tmp_path / "calls.log")!r}, "a") as f: f.write(str(os.getpid()) + "\\n")
-            return data.prep_arith(**kw)
-        data.register_preprocessor("counted", counted)
-        sp = data.load_or_prep("counted", {str(tmp_path / "out")!r}, n_train=64, n_test=8)
+            return arith.prep_arith(**kw)
+        prep.register_preprocessor("counted", counted)
+        sp = prep.load_or_prep("counted", {str(tmp_path / "out")!r}, n_train=64, n_test=8)
         st = PartialState()
         with open({str(tmp_path / "ranks.log")!r}, "a") as f:
             f.write(json.dumps([st.process_index, st.num_processes, len(sp["train"]), sp["train"][5]["prompt"][0]["content"]]) + "\\n")

@@ -15,7 +15,7 @@ import torch
 
 from rlhf_nb import launch
 from rlhf_nb.algos import GRPOConfig
-from rlhf_nb.data import make_arith
+from rlhf_nb.arith import make_arith
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "_dist_worker.py"

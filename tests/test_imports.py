@@ -6,7 +6,10 @@ import subprocess, sys, textwrap
 import pytest
 
 CHECKS = {
-    "rlhf_nb.data": "rows = m.make_arith(4, seed=1); assert len(rows) == 4 and rows[0]['data_source'] == 'arith'",
+    "rlhf_nb.data": "assert m.validate_rows([{'data_source': 'x', 'prompt': [{'role': 'user', 'content': 'hi'}], 'ability': 'a', 'reward_model': {'style': 'rule', 'ground_truth': '1'}, 'extra_info': {}}]) and m.gsm8k_ground_truth('so #### 1,600') == '1600'",
+    "rlhf_nb.arith": "rows = m.make_arith(4, seed=1); assert len(rows) == 4 and rows[0]['data_source'] == 'arith'",
+    "rlhf_nb.prep": "assert m.select_split({'train': list(range(10))}, 'train[:3]') == [0, 1, 2] and len(m.load_split('arith', 'test', n=5)) == 5",
+    "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
     "rlhf_nb.core": "import torch; x = torch.tensor([[-1.0, -2.0]]); assert torch.allclose(m.kl_penalty(x, x, 'k3'), torch.zeros_like(x)); assert m.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2).shape == (4,)",

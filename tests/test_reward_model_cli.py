@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_nb import data, launch
+from rlhf_nb import launch, prep
 from rlhf_nb.data import gsm8k_row, hh_row, read_rows, write_parquet
 from rlhf_nb.engine import read_metrics
 from rlhf_nb.models import char_tokenizer, tiny_value_model
@@ -68,13 +68,13 @@ def test_hh_both_layouts_and_subset_through_the_cli(tmp_path, capsys):
     with gzip.open(src / "harmless-base-train.jsonl.gz", "wt") as f: f.write(json.dumps(anth) + "\n")
     (src / "helpful-base-train.jsonl").write_text(json.dumps(dahoas) + "\n" + json.dumps(dahoas) + "\n")
     for subset, n in (("harmless-base", 1), ("helpful-base", 2)):
-        assert data.prep_main(["hh-rlhf", "--source", str(src), "--hh_subset", subset, "--variant", "rm", "--out", str(tmp_path / subset)]) == 0
+        assert prep.prep_main(["hh-rlhf", "--source", str(src), "--hh_subset", subset, "--variant", "rm", "--out", str(tmp_path / subset)]) == 0
         rows = read_rows(tmp_path / subset / "train.parquet", "pref")
         assert len(rows) == n and {(r["chosen"], r["rejected"]) for r in rows} == {("I can't help.", "Use a wrench.")}
     a, b = (read_rows(tmp_path / s / "train.parquet", "pref")[0] for s in ("harmless-base", "helpful-base"))
     assert a["prompt"] == b["prompt"]                                  # the two layouts give the same row
     capsys.readouterr()
-    assert data.prep_main(["hh-rlhf", "--source", str(src), "--hh_subset", "helpful-online", "--out", str(tmp_path / "x")]) == 1
+    assert prep.prep_main(["hh-rlhf", "--source", str(src), "--hh_subset", "helpful-online", "--out", str(tmp_path / "x")]) == 1
     assert "no file of that subset" in capsys.readouterr().err
 
 
@@ -87,7 +87,7 @@ def _hs(ind, split, label):
 def test_hellaswag_prep_and_reward_through_the_cli(tmp_path):
     f = tmp_path / "hellaswag_val.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in [_hs(0, "train", 0), _hs(1, "train", 2), _hs(2, "val", 0), _hs(3, "test", "")]))
-    assert data.prep_main(["hellaswag", "--source", str(f), "--out", str(tmp_path / "hs")]) == 0
+    assert prep.prep_main(["hellaswag", "--source", str(f), "--out", str(tmp_path / "hs")]) == 0
     train, test = (read_rows(tmp_path / "hs" / f"{s}.parquet", "sft") for s in ("train", "test"))
     assert (len(train), len(test)) == (2, 1)
     r = train[1]
