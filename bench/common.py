@@ -48,8 +48,9 @@ def emit(result: dict):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Tiny model / tokenizer / data. rlhf_nb.models and rlhf_nb.data are the source of truth; the stand-ins below
-# follow the CONTRACT (character tokenizer, <|end|> as eos, ~1M-param Qwen2) so the TRL arms can run before them.
+# Tiny model / tokenizer / data. rlhf_nb.models, rlhf_nb.arith and rlhf_nb.dataset are the source of truth; the
+# stand-ins below follow the CONTRACT (character tokenizer, <|end|> as eos, ~1M-param Qwen2) so the TRL arms can run
+# before them.
 # ----------------------------------------------------------------------------------------------------------------
 SPECIAL = ["<|pad|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -57,7 +58,7 @@ TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>
 
 
 def using_rlhf_nb(part: str) -> bool:
-    "Whether the rlhf_nb module `part` (models, data, sft, rewards, ppo, algos, dpo) is available."
+    "Whether the rlhf_nb module `part` (models, arith, dataset, sft, rewards, ppo, algos, dpo) is available."
     return have(f"rlhf_nb.{part}")
 
 
@@ -153,7 +154,7 @@ def sft_kwargs(size="demo"):
 
 def arith_rows(n, split="train", seed=0):
     "Rows of the built-in arithmetic task in verl's schema (prompt `Q: 23+58=`, completion `81 #### 81`)."
-    if nb("data", "make_arith"): return nb("data", "make_arith")(n, split=split, seed=seed)
+    if nb("arith", "make_arith"): return nb("arith", "make_arith")(n, split=split, seed=seed)
     rng = random.Random(f"{split}-{seed}")
     rows, seen = [], set()
     while len(rows) < n:
@@ -198,7 +199,7 @@ def trl_reward_func():
 
 def to_trl(rows, kind):
     "rlhf_nb rows -> the datasets.Dataset TRL expects (`grpo`: prompt + ground_truth; `dpo`: prompt/chosen/rejected)."
-    f = nb("data", f"to_trl_{kind}")
+    f = nb("dataset", f"to_trl_{kind}")
     if f: return f(rows)
     from datasets import Dataset
     if kind == "grpo":

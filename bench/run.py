@@ -671,7 +671,7 @@ def main(argv=None):
 def stand_ins():
     "Which names the bench needs from rlhf_nb are not defined yet (read from the module sources, nothing imported)."
     import ast
-    need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "data": ["make_arith", "to_trl_grpo", "to_trl_dpo"],
+    need = {"models": ["char_tokenizer", "tiny_causal_lm", "tiny_value_model"], "arith": ["make_arith"], "dataset": ["to_trl_grpo", "to_trl_dpo"],
             "rewards": ["compute_score", "trl_reward_func", "RewardManager"], "sft": ["sft_warm_start", "greedy_accuracy"],
             "ppo": ["PPOConfig"], "algos": ["GRPOConfig", "rl_trainer_class"], "dpo": ["DPOConfig", "DPOLoop"]}
     missing = {}
