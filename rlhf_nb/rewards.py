@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_rewards.ipynb #3f3f7acd
 from __future__ import annotations
-import re, os, sys, math, time, json, random, pickle, struct, signal, select, logging, threading, subprocess, atexit, warnings
+import re, os, sys, math, time, json, random, logging, threading, warnings
 import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option
+from .equivalence import RewardTimeout, MATH_VERIFY_STATS, alarm_available, call_with_alarm, guarded_verify
 from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
@@ -23,10 +24,9 @@ logger = logging.getLogger("rlhf_nb.rewards")
 from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
 
 # %% auto #0
-__all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',
-           'MATH_VERIFY_ISOLATION', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score', 'UnknownRewardError',
-           'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward', 'gsm8k_flexible_reward',
-           'guarded_verify', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
+__all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score',
+           'UnknownRewardError', 'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward',
+           'gsm8k_flexible_reward', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
            'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
            'messages_from_prompt_text', 'ModelReward', 'pad_right', 'RewardManager', 'batch_decode_fast',
            'call_with_timeout', 'completion_text', 'trl_reward_func', 'trl_model_reward_func', 'bradley_terry_loss',
@@ -122,165 +122,6 @@ def gsm8k_strict_reward(solution_str, ground_truth, extra_info=None):
 def gsm8k_flexible_reward(solution_str, ground_truth, extra_info=None):
     "GSM8K flexible (the last number): for evaluating models that never learned the `####` format."
     return gsm8k_score(solution_str, ground_truth, method="flexible")
-
-# %% ../nbs/01_rewards.ipynb #2dfdb164
-_VERIFY_SRC = r'''
-import signal, time, logging
-
-class RewardTimeout(BaseException):
-    "A guarded call ran past its time limit (a BaseException, so library `except Exception` blocks cannot swallow it)."
-
-class _Quiet(logging.Filter):
-    def filter(self, rec): return "Timeout is disabled" not in rec.getMessage()
-for _n in ("math_verify.parser", "math_verify.grader", "math_verify.utils", "math_verify"):
-    logging.getLogger(_n).addFilter(_Quiet())
-
-def call_with_alarm(fn, args, seconds):
-    "Run fn(*args) on the main thread under an ITIMER_REAL timer; RewardTimeout when `seconds` pass."
-    armed = [True]
-    def handler(signum, frame):
-        if armed[0]: raise RewardTimeout(f"took longer than {seconds}s")
-    old = signal.signal(signal.SIGALRM, handler)
-    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)   # re-fire every 50 ms until disarmed
-    try: return fn(*args)
-    finally:
-        while True:                                       # a late alarm may land here: retry the disarm
-            try:
-                armed[0] = False
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, old)
-                break
-            except RewardTimeout: continue
-
-def verify_answer(gold, pred):
-    "math-verify equivalence of two LaTeX answers (no outer `$`/box), with its own timeouts off."
-    from math_verify import parse, verify
-    from math_verify.parser import LatexExtractionConfig, ExprExtractionConfig
-    cfg = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    g = parse("\\boxed{" + gold + "}", extraction_config=cfg, parsing_timeout=None)
-    p = parse("\\boxed{" + pred + "}", extraction_config=cfg, parsing_timeout=None)
-    if not g or not p: return False
-    return bool(verify(g, p, timeout_seconds=None))
-
-def serve():
-    "Worker loop: read (gold, pred, seconds) requests from stdin, answer ('ok', bool) | ('timeout'|'error', msg)."
-    import sys, pickle, struct, resource
-    try: resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
-    except (ValueError, OSError): pass
-    import math_verify                                    # pay the import before the first request
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    out.write(b"RDY!"); out.flush()                       # start-up done: deadlines count from here
-    while True:
-        head = inp.read(4)
-        if len(head) < 4: return                          # parent went away
-        gold, pred, seconds = pickle.loads(inp.read(struct.unpack("<I", head)[0]))
-        try: reply = ("ok", call_with_alarm(verify_answer, (gold, pred), seconds))
-        except RewardTimeout as e: reply = ("timeout", str(e))
-        except BaseException as e: reply = ("error", f"{type(e).__name__}: {e}")
-        b = pickle.dumps(reply)
-        out.write(struct.pack("<I", len(b)) + b); out.flush()
-'''
-_VERIFY_NS = {"MEM_LIMIT": 2 << 30}
-exec(compile(_VERIFY_SRC, "<rlhf_nb.rewards._VERIFY_SRC>", "exec"), _VERIFY_NS)
-RewardTimeout = _VERIFY_NS["RewardTimeout"]
-
-# %% ../nbs/01_rewards.ipynb #ed6bbf00
-class _VerifyWorker:
-    "A `python -c` subprocess running `_VERIFY_SRC`'s `serve()`; killed and replaced when it misses a deadline."
-    def __init__(self, mem_limit=2 << 30, startup_timeout=120.0):
-        code = f"MEM_LIMIT = {int(mem_limit)}\n" + _VERIFY_SRC + "\nserve()\n"
-        self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, close_fds=True)
-        self.ready, self.startup_timeout = False, startup_timeout
-
-    def alive(self): return self.proc.poll() is None
-
-    def kill(self):
-        try: self.proc.kill(); self.proc.wait(timeout=5)
-        except Exception: pass
-
-    def _read(self, n, deadline):
-        fd, buf = self.proc.stdout.fileno(), b""
-        while len(buf) < n:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]: raise TimeoutError
-            chunk = os.read(fd, n - len(buf))
-            if not chunk: raise EOFError("verify worker exited")
-            buf += chunk
-        return buf
-
-    def call(self, gold, pred, seconds, grace):
-        "('ok', bool) | ('timeout'|'error'|'killed', msg); waits at most `seconds + grace` (plus start-up on first use)."
-        b = pickle.dumps((gold, pred, seconds))
-        try:
-            if not self.ready:                            # a loaded machine may take seconds to import sympy
-                if self._read(4, time.monotonic() + self.startup_timeout) != b"RDY!": raise EOFError("bad handshake")
-                self.ready = True
-            self.proc.stdin.write(struct.pack("<I", len(b)) + b); self.proc.stdin.flush()
-            deadline = time.monotonic() + seconds + grace
-            n = struct.unpack("<I", self._read(4, deadline))[0]
-            return pickle.loads(self._read(n, deadline))
-        except (TimeoutError, EOFError, BrokenPipeError, OSError) as e:
-            self.kill()
-            return ("killed", f"worker did not answer within {seconds}+{grace}s ({type(e).__name__})")
-
-# %% ../nbs/01_rewards.ipynb #62acc871
-class _VerifyPool:
-    "Idle verify workers, one taken per concurrent call; fork-safe (a child process starts with an empty pool)."
-    def __init__(self): self._reset()
-    def _reset(self): self.pid, self.lock, self.idle, self.all = os.getpid(), threading.Lock(), [], []
-
-    def acquire(self):
-        if self.pid != os.getpid(): self._reset()         # forked: the parent's workers are not ours
-        with self.lock:
-            while self.idle:
-                w = self.idle.pop()
-                if w.alive(): return w
-        w = _VerifyWorker()
-        with self.lock: self.all.append(w)
-        return w
-
-    def release(self, w):
-        with self.lock:
-            if w.alive(): self.idle.append(w)
-            elif w in self.all: self.all.remove(w)
-
-    def warm(self, n=1):
-        "Start `n` workers now (start-up is ~1 s: math-verify and sympy imports)."
-        ws = [self.acquire() for _ in range(n)]
-        for w in ws: w.call("1", "1", 30.0, 30.0)
-        for w in ws: self.release(w)
-
-    def shutdown(self):
-        if self.pid != os.getpid(): return
-        with self.lock: ws, self.idle, self.all = list(self.all), [], []
-        for w in ws: w.kill()
-
-VERIFY_POOL = _VerifyPool()
-_ = atexit.register(VERIFY_POOL.shutdown)
-
-# %% ../nbs/01_rewards.ipynb #d082ced3
-MATH_VERIFY_STATS = defaultdict(int)  # counts of ok / timeout / error / killed verdicts, for monitoring
-MATH_VERIFY_ISOLATION = "auto"        # default for guarded_verify/math_score: "auto" | "signal" | "process"
-
-def _can_alarm():
-    return (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-            and signal.getitimer(signal.ITIMER_REAL)[0] == 0)
-
-def guarded_verify(gold, pred, timeout_seconds=5.0, isolation=None, grace=2.0):
-    "math-verify equivalence of two answers under a per-call time limit, from any thread or process: (equal, status)."
-    isolation = isolation or MATH_VERIFY_ISOLATION
-    if isolation not in ("auto", "signal", "process"): raise ValueError(f"isolation must be auto, signal or process, not {isolation!r}")
-    if isolation == "signal" or (isolation == "auto" and _can_alarm()):
-        try: res = ("ok", _VERIFY_NS["call_with_alarm"](_VERIFY_NS["verify_answer"], (gold, pred), timeout_seconds))
-        except RewardTimeout as e: res = ("timeout", str(e))
-        except Exception as e: res = ("error", f"{type(e).__name__}: {e}")
-    else:
-        w = VERIFY_POOL.acquire()
-        try: res = w.call(gold, pred, timeout_seconds, grace)
-        finally: VERIFY_POOL.release(w)
-    MATH_VERIFY_STATS[res[0]] += 1
-    return (res[0] == "ok" and bool(res[1])), res[0]
 
 # %% ../nbs/01_rewards.ipynb #34972c79
 def normalize_math_answer(s):
@@ -526,7 +367,7 @@ RewardManager.score_timeout = 30.0            # seconds one reward call may take
 def call_with_timeout(fn, args, seconds):
     "`fn(*args)`, or `RewardTimeout` once `seconds` pass (a SIGALRM timer on the main thread, else a helper thread)."
     if seconds is None: return fn(*args)
-    if _can_alarm(): return _VERIFY_NS["call_with_alarm"](fn, args, seconds)
+    if alarm_available(): return call_with_alarm(fn, args, seconds)
     box = {}
     def run():
         try: box["ok"] = fn(*args)
