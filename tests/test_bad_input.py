@@ -589,7 +589,7 @@ def test_trust_remote_code_is_never_on_by_default(mod):
 
 def test_loaders_default_to_no_remote_code():
     from rlhf_nb import models
-    from rlhf_nb.rewards import load_reward_model
+    from rlhf_nb.reward_model import load_reward_model
     for fn in (models.load_tokenizer, models.load_causal_lm, models.load_value_model, models.load_config, load_reward_model):
         assert inspect.signature(fn).parameters["trust_remote_code"].default is False, fn.__name__
     assert models.LoadArgs().trust_remote_code is False
