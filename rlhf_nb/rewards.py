@@ -22,8 +22,7 @@ __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'parse_number', 'ext
            'gsm8k_flexible_reward', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
            'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
            'messages_from_prompt_text', 'ModelReward', 'pad_right', 'score_ids', 'RewardManager', 'batch_decode_fast',
-           'as_reward_fields', 'call_with_timeout', 'completion_text', 'trl_reward_func', 'trl_model_reward_func',
-           'reward_playground']
+           'as_reward_fields', 'call_with_timeout', 'completion_text', 'trl_reward_func', 'trl_model_reward_func']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -510,28 +509,3 @@ def trl_model_reward_func(model_reward, name="reward_model"):
         return model_reward(ps, [completion_text(c) for c in completions])[0].tolist()
     reward_func.__name__ = name
     return reward_func
-
-# %% ../nbs/01_rewards.ipynb #2eca59e4
-def _explain_html(e):
-    import html
-    score = "error" if e["score"] is None else f"{e['score']:g}"
-    colour = "#999" if e["score"] is None else ("#2a7" if e["score"] > 0 else "#c33")
-    rows = [("source", e["data_source"]), ("function", e["function"]), ("extracted", e["extracted"]), ("truth", e["truth"]), ("why", e["why"])]
-    cells = "".join(f"<tr><td style='padding-right:1em'><b>{k}</b></td><td><code>{html.escape(str(v))}</code></td></tr>" for k, v in rows)
-    return f"<div><span style='font-size:1.4em;color:{colour}'>score {score}</span><table>{cells}</table></div>"
-
-def reward_playground(completion="She makes 9 * 2 = $18 every day.\n#### 18", ground_truth="18", data_source="openai/gsm8k"):
-    "ipywidgets playground: edit completion, ground truth and source; shows the extracted answer, score and why."
-    import ipywidgets as W
-    src = W.Dropdown(options=sorted(REWARD_REGISTRY), value=data_source, description="source")
-    truth = W.Text(value=ground_truth, description="truth")
-    comp = W.Textarea(value=completion, description="completion", layout=W.Layout(width="95%", height="8em"))
-    out = W.HTML()
-    def update(*_):
-        box.explanation = explain_reward(src.value, comp.value, truth.value)
-        out.value = _explain_html(box.explanation)
-    box = W.VBox([src, truth, comp, out])
-    for w in (src, truth, comp): w.observe(update, names="value")
-    box.update = update
-    update()
-    return box
