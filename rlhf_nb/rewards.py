@@ -22,7 +22,8 @@ __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'parse_number', 'ext
            'gsm8k_flexible_reward', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
            'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
            'messages_from_prompt_text', 'ModelReward', 'pad_right', 'score_ids', 'RewardManager', 'batch_decode_fast',
-           'as_reward_fields', 'call_with_timeout', 'completion_text', 'trl_reward_func', 'trl_model_reward_func']
+           'as_reward_fields', 'call_with_timeout', 'last_token_scores', 'completion_text', 'trl_reward_func',
+           'trl_model_reward_func']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -315,8 +316,9 @@ def __call__(self: ModelReward, prompts, responses):
 class RewardManager:
     "Scores a rollout batch: token_level_scores [B,R] with each score on the last valid response token, plus metrics."
     def __init__(self, tokenizer, compute_score=compute_score, reward_model=None, reward_tokenizer=None, fail_score=0.0,
-                 max_reward_length=1024, reward_batch_size=32, normalize=None, log_failures=3):
+                 max_reward_length=1024, reward_batch_size=32, normalize=None, log_failures=3, score_timeout=30.0):
         self.tokenizer, self.compute_score, self.fail_score, self.log_failures = tokenizer, compute_score, float(fail_score), log_failures
+        self.score_timeout = score_timeout       # seconds one rule-reward call may take before it scores fail_score (None: no limit)
         if reward_model is None or isinstance(reward_model, ModelReward): self.model_reward = reward_model
         else: self.model_reward = ModelReward(reward_model, reward_tokenizer or tokenizer, max_reward_length, reward_batch_size, normalize)
         self.total_failures, self.last_failures = 0, []
@@ -353,8 +355,6 @@ def _fail(self: RewardManager, i, ds, msg, failures):
     if len(failures) <= self.log_failures: logger.warning(f"reward failed for row {i} (data_source={ds!r}): {msg}; scored {self.fail_score}")
 
 # %% ../nbs/01_rewards.ipynb #82e41f8d
-RewardManager.score_timeout = 30.0            # seconds one reward call may take before it scores fail_score (None: no limit)
-
 def call_with_timeout(fn, args, seconds):
     "`fn(*args)`, or `RewardTimeout` once `seconds` pass (a SIGALRM timer on the main thread, else a helper thread)."
     if seconds is None: return fn(*args)
@@ -394,8 +394,8 @@ def score_rules(self: RewardManager, texts, data_sources, reward_fields, extra_i
 # %% ../nbs/01_rewards.ipynb #e35b4bea
 @patch
 def score_models(self: RewardManager, batch, texts, rows):
-    "Model scores for rows `rows`: dict row -> float, and the number of truncated inputs."
-    if not rows: return {}, 0
+    "Model scores for rows `rows`: (dict row -> float, number of truncated inputs, failures list)."
+    if not rows: return {}, 0, []
     if self.model_reward is None:
         raise ValueError(f"{len(rows)} rows have reward_model.style='model' (e.g. row {rows[0]}) but RewardManager has no reward_model")
     if batch.get("raw_prompt") is not None: prompts = [batch["raw_prompt"][i] for i in rows]
@@ -406,54 +406,68 @@ def score_models(self: RewardManager, batch, texts, rows):
         prompts = [messages_from_prompt_text(t, self.tokenizer) for t in ptxt]
     else: raise KeyError("model rewards need the batch's 'prompts' (+ 'prompt_mask') or 'raw_prompt'")
     s, info = self.model_reward(prompts, [texts[i] for i in rows])
-    self.model_failures = []                                                  # NaN/inf from the model: fail_score, logged
+    failures = []                                                             # NaN/inf from the model: fail_score, logged
     for i, v in zip(rows, s.tolist()):
-        if not math.isfinite(v): self._fail(i, batch["data_source"][i], f"reward model returned {v}", self.model_failures)
-    return {i: float(v) if math.isfinite(v) else self.fail_score for i, v in zip(rows, s.tolist())}, len(info["truncated"])
+        if not math.isfinite(v): self._fail(i, batch["data_source"][i], f"reward model returned {v}", failures)
+    return {i: float(v) if math.isfinite(v) else self.fail_score for i, v in zip(rows, s.tolist())}, len(info["truncated"]), failures
+
+# %% ../nbs/01_rewards.ipynb #05bcad46
+def last_token_scores(scores, response_mask):
+    "Each row's score on its last valid response token, 0 elsewhere: ([B], [B,R]) -> (FloatTensor[B,R], last index [B], -1 if none)."
+    B, R = response_mask.shape
+    dev, m = response_mask.device, response_mask.bool()
+    last = torch.where(m, torch.arange(R, device=dev).expand_as(m), -1).max(1).values      # [B], -1 when empty
+    out = torch.zeros(B, R, dtype=torch.float32, device=dev)
+    out[torch.arange(B, device=dev), last.clamp(min=0)] = scores.to(device=dev, dtype=torch.float32)
+    return out, last
+
+# %% ../nbs/01_rewards.ipynb #4d9f6d05
+@patch
+def _check_batch(self: RewardManager, batch):
+    "(reward fields, data sources) of a batch, after the checks that make it a config error (raised before any scoring)."
+    B = batch["responses"].shape[0]
+    for k in ("data_source", "reward_model"):
+        if k not in batch: raise KeyError(f"RewardManager: batch has no {k!r} (keys: {sorted(batch)})")
+        if len(batch[k]) != B: raise ValueError(f"RewardManager: batch[{k!r}] has {len(batch[k])} entries for {B} responses")
+    fields, sources = [as_reward_fields(x) for x in batch["reward_model"]], list(batch["data_source"])
+    if self.compute_score is compute_score:              # a misspelt source is a config error, not one bad sample
+        unknown = sorted({s for s, f in zip(sources, fields) if f.get("style") != "model"} - set(REWARD_REGISTRY))
+        if unknown: raise UnknownRewardError(f"RewardManager: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
+    return fields, sources
+
+def _source_metrics(sources, values, failures):
+    "reward/{source}/mean, /count and /failures of one batch: per-row `sources` and score `values`, `failures` (row, source, msg)."
+    by_src, fail_src, out = defaultdict(list), defaultdict(int), {}
+    for ds, v in zip(sources, values): by_src[ds].append(v)
+    for _, ds, _ in failures: fail_src[ds] += 1
+    for ds, v in by_src.items():
+        out[f"reward/{ds}/mean"], out[f"reward/{ds}/count"], out[f"reward/{ds}/failures"] = sum(v) / len(v), len(v), fail_src[ds]
+    return out
 
 # %% ../nbs/01_rewards.ipynb #d37e62c9
 @patch
 def __call__(self: RewardManager, batch):
     "(token_level_scores FloatTensor[B,R], metrics dict) for a rollout batch (see the notebook for the batch keys)."
-    responses, mask = batch["responses"], batch["response_mask"]
-    B, R = responses.shape
-    for k in ("data_source", "reward_model"):
-        if k not in batch: raise KeyError(f"RewardManager: batch has no {k!r} (keys: {sorted(batch)})")
-        if len(batch[k]) != B: raise ValueError(f"RewardManager: batch[{k!r}] has {len(batch[k])} entries for {B} responses")
+    fields, sources = self._check_batch(batch)
+    responses, mask, B = batch["responses"], batch["response_mask"], len(sources)
     mv0 = MATH_VERIFY_STATS["timeout"] + MATH_VERIFY_STATS["killed"]
     texts = self.decode_responses(responses, mask)
-    fields = [as_reward_fields(x) for x in batch["reward_model"]]
-    extras = batch.get("extra_info") or [None] * B
-    sources = list(batch["data_source"])
     model_rows = [i for i in range(B) if fields[i].get("style") == "model"]
     rule_rows = [i for i in range(B) if fields[i].get("style") != "model"]
-    if self.compute_score is compute_score:              # a misspelt source is a config error, not one bad sample
-        unknown = sorted({sources[i] for i in rule_rows} - set(REWARD_REGISTRY))
-        if unknown: raise UnknownRewardError(f"RewardManager: no reward registered for data_source {unknown}; known: {sorted(REWARD_REGISTRY)}")
-    scores, failures, extra = self.score_rules(texts, sources, fields, extras, rule_rows)
-    ms, n_trunc = self.score_models(batch, texts, model_rows)
-    failures += getattr(self, "model_failures", []) if model_rows else []
-    scores.update(ms)
-    dev = responses.device
-    score_t = torch.tensor([scores[i] for i in range(B)], dtype=torch.float32, device=dev)   # [B]
-    m = mask.bool()
-    last = torch.where(m, torch.arange(R, device=dev).expand_as(m), -1).max(1).values      # [B], -1 when empty
-    token_level_scores = torch.zeros(B, R, dtype=torch.float32, device=dev)
-    token_level_scores[torch.arange(B, device=dev), last.clamp(min=0)] = score_t
+    scores, failures, extra = self.score_rules(texts, sources, fields, batch.get("extra_info") or [None] * B, rule_rows)
+    model_scores, n_trunc, model_failures = self.score_models(batch, texts, model_rows)
+    scores.update(model_scores); failures += model_failures
+    values = [scores[i] for i in range(B)]
+    score_t = torch.tensor(values, dtype=torch.float32, device=responses.device)   # [B]
+    token_level_scores, last = last_token_scores(score_t, mask)
     self.total_failures += len(failures); self.last_failures = failures
     if len(failures) > self.log_failures: logger.warning(f"{len(failures)} reward failures in this batch of {B} (first {self.log_failures} shown)")
     metrics = {"reward/mean": score_t.mean().item(), "reward/min": score_t.min().item(), "reward/max": score_t.max().item(),
                "reward/failures": len(failures), "reward/timeouts": sum(msg.startswith("RewardTimeout") for _, _, msg in failures),
-               "reward/empty_responses": int((last < 0).sum()),
-               "reward/model_truncated": n_trunc, "response_length/mean": m.sum(1).float().mean().item(),
+               "reward/empty_responses": int((last < 0).sum()), "reward/model_truncated": n_trunc,
+               "response_length/mean": mask.bool().sum(1).float().mean().item(),
                "reward/math_verify_timeouts": MATH_VERIFY_STATS["timeout"] + MATH_VERIFY_STATS["killed"] - mv0}
-    by_src = defaultdict(list)
-    for i, ds in enumerate(sources): by_src[ds].append(scores[i])
-    fail_src = defaultdict(int)
-    for _, ds, _ in failures: fail_src[ds] += 1
-    for ds, v in by_src.items():
-        metrics[f"reward/{ds}/mean"], metrics[f"reward/{ds}/count"] = sum(v) / len(v), len(v)
-        metrics[f"reward/{ds}/failures"] = fail_src[ds]
+    metrics.update(_source_metrics(sources, values, failures))
     for k, v in extra.items(): metrics[f"reward_extra/{k}/mean"] = sum(v) / len(v)
     return token_level_scores, metrics
 

@@ -740,7 +740,7 @@ def hangs(ds, s, gt, extra):
 def test_reward_function_that_hangs_or_returns_a_string(caplog, fn, needle):
     from rlhf_nb.rewards import RewardManager
     tok = char_tokenizer()
-    rm = RewardManager(tok, compute_score=fn, fail_score=-1.0); rm.score_timeout = 0.3
+    rm = RewardManager(tok, compute_score=fn, fail_score=-1.0, score_timeout=0.3)
     with caplog.at_level(logging.WARNING, logger="rlhf_nb.rewards"):
         scores, m = rm(reward_batch(tok, ["12 #### 12", "7", "12"]))
     assert scores.sum(-1).tolist() == [1.0, -1.0, 1.0] and m["reward/failures"] == 1
