@@ -84,7 +84,9 @@ def bench_reward_manager(n=10_000, repeats=3):
 
 
 def bench_math_verify(n=500, quick=False):
-    from rlhf_nb.rewards import guarded_verify, math_score, last_boxed, VERIFY_POOL
+    from rlhf_nb.data import last_boxed
+    from rlhf_nb.equivalence import guarded_verify, VERIFY_POOL
+    from rlhf_nb.rewards import math_score
     path = DATA / "math" / "math500_test.jsonl"
     if path.exists():
         recs = [json.loads(l) for l in open(path)]

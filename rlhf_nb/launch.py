@@ -21,7 +21,7 @@ from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distrib
 from .data import DataError
 from .prep import DataArgs, check_dataset, prep_main
 from .models import check_model_path
-from .rewards import RMArgs, run_reward_model
+from .reward_model import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
 from .placement import WorkerLost
 from .ppo import PPOConfig
@@ -435,7 +435,7 @@ def sft_main(argv=None):
     print(json.dumps(run_sft(a))); return 0
 
 def rm_main(argv=None):
-    "`rlhf-nb rm [--config F.yaml] [--key value ...]`: train a reward model (rlhf_nb.rewards.run_reward_model)."
+    "`rlhf-nb rm [--config F.yaml] [--key value ...]`: train a reward model (rlhf_nb.reward_model.run_reward_model)."
     a = _parse_stage("rm", RMArgs, argv); _single_process("rm")
     print(json.dumps(run_reward_model(a))); return 0
 

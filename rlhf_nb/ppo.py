@@ -24,7 +24,8 @@ from .prep import load_split, held_out_spec
 from .dataset import RLHFDataset, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)
-from .rewards import RewardManager, ValidationScorer, load_reward_model
+from .rewards import RewardManager
+from .reward_model import ValidationScorer, load_reward_model
 from .sft import greedy_accuracy, generate_greedy, sft_warm_start
 from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import PlacementArgs, check_placement, make_placement

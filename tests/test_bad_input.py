@@ -541,15 +541,9 @@ def kw(call, name):
 
 
 @pytest.mark.parametrize("mod", MODULES)
-def test_no_eval_or_exec_of_anything_but_module_constants(mod):
+def test_no_eval_or_exec(mod):
     t = tree(mod)
-    consts = {a.targets[0].id for a in t.body if isinstance(a, ast.Assign) and len(a.targets) == 1
-              and isinstance(a.targets[0], ast.Name) and isinstance(a.value, ast.Constant) and isinstance(a.value.value, str)}
-    bad = [f"line {c.lineno}: eval(...)" for c in calls(t, "eval")]
-    for c in calls(t, "exec"):                     # allowed: exec(compile(<module-level string constant>, ...))
-        arg = c.args[0] if c.args else None
-        src = arg.args[0] if isinstance(arg, ast.Call) and ast.unparse(arg.func) == "compile" and arg.args else arg
-        if not (isinstance(src, ast.Name) and src.id in consts): bad.append(f"line {c.lineno}: exec of {ast.unparse(c)[:60]}")
+    bad = [f"line {c.lineno}: {f}(...)" for f in ("eval", "exec") for c in calls(t, f)]
     bad += [f"line {c.lineno}: {ast.unparse(c.func)}" for f in ("os.system", "os.popen") for c in calls(t, f)]
     bad += [f"line {c.lineno}: shell=True" for n in ("subprocess.run", "subprocess.Popen", "subprocess.call",
             "subprocess.check_output", "subprocess.check_call") for c in calls(t, n)
@@ -562,8 +556,8 @@ def test_yaml_is_safe_loaded_and_pickle_only_between_our_own_processes(mod):
     t = tree(mod)
     bad = [f"line {c.lineno}: {ast.unparse(c.func)}" for f in ("yaml.load", "yaml.unsafe_load", "yaml.full_load",
            "yaml.load_all", "yaml.unsafe_load_all", "pickle.load", "dill.load", "dill.loads") for c in calls(t, f)]
-    # pickle.loads: only the math-verify worker protocol (parent <-> its own child over a pipe) in rewards.py
-    bad += [f"line {c.lineno}: pickle.loads" for c in calls(t, "pickle.loads") if mod != "rewards.py"]
+    # pickle.loads: only the math-verify worker protocol (parent <-> its own child over a pipe) in equivalence.py
+    bad += [f"line {c.lineno}: pickle.loads" for c in calls(t, "pickle.loads") if mod != "equivalence.py"]
     assert not bad, f"{mod}: {bad}"
 
 
@@ -597,7 +591,7 @@ def test_trust_remote_code_is_never_on_by_default(mod):
 
 def test_loaders_default_to_no_remote_code():
     from rlhf_nb import models
-    from rlhf_nb.rewards import load_reward_model
+    from rlhf_nb.reward_model import load_reward_model
     for fn in (models.load_tokenizer, models.load_causal_lm, models.load_value_model, models.load_config, load_reward_model):
         assert inspect.signature(fn).parameters["trust_remote_code"].default is False, fn.__name__
     assert models.LoadArgs().trust_remote_code is False
@@ -748,7 +742,7 @@ def hangs(ds, s, gt, extra):
 def test_reward_function_that_hangs_or_returns_a_string(caplog, fn, needle):
     from rlhf_nb.rewards import RewardManager
     tok = char_tokenizer()
-    rm = RewardManager(tok, compute_score=fn, fail_score=-1.0); rm.score_timeout = 0.3
+    rm = RewardManager(tok, compute_score=fn, fail_score=-1.0, score_timeout=0.3)
     with caplog.at_level(logging.WARNING, logger="rlhf_nb.rewards"):
         scores, m = rm(reward_batch(tok, ["12 #### 12", "7", "12"]))
     assert scores.sum(-1).tolist() == [1.0, -1.0, 1.0] and m["reward/failures"] == 1

@@ -12,6 +12,8 @@ CHECKS = {
     "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
+    "rlhf_nb.equivalence": "import sys; assert m.guarded_verify('0.5', r'\\frac12', isolation='process') == (True, 'ok') and 'torch' not in sys.modules",
+    "rlhf_nb.reward_model": "import torch; assert m.bradley_terry_loss(torch.zeros(2), torch.zeros(2)).item() > 0.69 and m.RMArgs().output_dir",
     "rlhf_nb.core": "import torch; x = torch.tensor([[-1.0, -2.0]]); assert torch.allclose(m.kl_penalty(x, x, 'k3'), torch.zeros_like(x)); assert m.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0]), 2).shape == (4,)",
     "rlhf_nb.config": "assert m.option(1, 'help').metadata['help'] == 'help'",
     "rlhf_nb.engine": "assert m.merge_rank_metrics([{'a/max': 1.0}, {'a/max': 2.0}]) == {'a/max': 2.0}",

@@ -44,6 +44,8 @@ def test_wheel_in_a_fresh_venv_runs_the_cli_and_a_packaged_config(tmp_path):
                PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}")
     where = sh([bindir / "python", "-c", "import rlhf_nb; print(rlhf_nb.__file__)"], work, env).stdout.strip()
     assert Path(where).is_relative_to(venv), where                       # the wheel, not this checkout
+    verify = "from rlhf_nb.equivalence import guarded_verify; print(guarded_verify('0.5', r'\\frac12', isolation='process'))"
+    assert sh([bindir / "python", "-c", verify], work, env).stdout.strip() == "(True, 'ok')"   # the math-verify worker starts from the wheel
     assert "--algo" in sh([bindir / "rlhf-nb", "demo", "--help"], work, env).stdout
     listing = sh([bindir / "rlhf-nb", "config"], work, env).stdout
     assert "grpo_arith" in listing and "accelerate/cpu_2proc" in listing

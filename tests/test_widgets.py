@@ -5,7 +5,7 @@ import json, os, subprocess, sys, time
 import torch
 
 from rlhf_nb.models import char_tokenizer
-from rlhf_nb.widgets import rollout_browser, token_spans, training_monitor
+from rlhf_nb.widgets import reward_playground, rollout_browser, token_spans, training_monitor
 
 
 def step_data(tok, pairs, scores):
@@ -44,3 +44,13 @@ def test_training_monitor_follows_a_running_cli_run(tmp_path):
     mon._thread.join(30)
     assert not mon._thread.is_alive() and mon.rows == 6 and "step 6" in mon.status.value
     assert mon.image.value[:4] == b"\x89PNG" and mon.redraws >= 2 and len(seen) >= 2   # redrawn while the run was writing
+
+
+def test_reward_playground_outside_jupyter():
+    pg = reward_playground("#### 18", "18", "openai/gsm8k")
+    src_w, truth_w, comp_w, out_w = pg.children
+    assert pg.explanation["score"] == 1.0 and "score 1" in out_w.value
+    comp_w.value = "It is 17, or maybe 18"                       # strict reads no '####'...
+    assert pg.explanation["score"] == 0.0
+    src_w.value = "gsm8k_flexible"                                # ...flexible reads the hedge's last number
+    assert pg.explanation["score"] == 1.0 and pg.explanation["extracted"] == "18"
