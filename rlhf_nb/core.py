@@ -191,7 +191,8 @@ def value_loss(vpreds, old_values, returns, response_mask, cliprange_value=0.2, 
     v_clip = old_values + (vpreds - old_values).clamp(-cliprange_value, cliprange_value)
     l1, l2 = (vpreds - returns) ** 2, (v_clip - returns) ** 2
     mask = response_mask.to(l1.dtype)
-    return 0.5 * agg_loss(torch.maximum(l1, l2), mask, loss_agg_mode), masked_mean((l2 > l1).to(mask.dtype), mask).detach()
+    clipped = (l2 > l1) & ((vpreds - old_values).abs() > cliprange_value)   # inside the range V_clip is V up to rounding
+    return 0.5 * agg_loss(torch.maximum(l1, l2), mask, loss_agg_mode), masked_mean(clipped.to(mask.dtype), mask).detach()
 
 # %% ../nbs/01a_core.ipynb #eb518b21
 class FixedKLController:

@@ -10,7 +10,7 @@ from functools import partial
 import torch
 from fastcore.basics import patch
 from .models import intra_op_threads, decode_threads, short_sequence_attention, set_attention
-from .ppo import RLTrainer, loss_weights
+from .ppo import RLTrainer, loss_weights, mini_batch_metrics, update_metrics
 from .workers import Role, ActorRolloutWorker, generate_rollout, rollout_batch
 
 # %% auto #0
@@ -162,13 +162,9 @@ def _halves(idx, response_mask, loss_agg_mode):
     halves = list(torch.tensor_split(idx.sort().values, 2))
     return halves, loss_weights(halves, response_mask, loss_agg_mode)
 
-def _extend(stats, part):
-    for k, v in part.items(): stats.setdefault(k, []).extend(v if isinstance(v, list) else [v])
-    return stats
-
 @patch
 def _halved_micro_batch(self: FastRLTrainer, micro, params, data, idx, weight, last, keep_grads):
-    "One micro-batch as two halves side by side; gradients of earlier micro-batches (`keep_grads`) are added back after."
+    "One micro-batch as two halves side by side; gradients of earlier micro-batches (`keep_grads`) are added back after. -> [(stats, weight, tokens)]"
     halves, ws = _halves(idx, data["response_mask"], self.config.loss_agg_mode)
     saved = [p.grad for p in params] if keep_grads else None
     if saved:
@@ -177,35 +173,36 @@ def _halved_micro_batch(self: FastRLTrainer, micro, params, data, idx, weight, l
     if saved:
         for p, g in zip(params, saved):
             if g is not None: p.grad = g if p.grad is None else g.add_(p.grad)
-    return parts
+    return [(st, weight * w, float(data["response_mask"][h].sum())) for st, h, w in zip(parts, halves, ws)]
 
 # %% ../nbs/02a_fast.ipynb #5b2f9255
 @patch
 def _role_epochs(self: FastRLTrainer, role, data, plan, halve=False):
-    "All PPO epochs of one role ('actor' or 'critic') over `plan`, each micro-batch halved over two threads when `halve`."
-    worker = self.workers[Role.ActorRollout if role == "actor" else Role.Critic]
+    "`role_epochs` of one role ('actor' or 'critic') over `plan`, each micro-batch halved over two threads when `halve`."
+    if not halve: return self.role_epochs(role, data, plan)
+    worker = self.workers[Role.ActorRollout if role == "actor" else Role.Critic].train()
     micro = self.actor_micro_batch if role == "actor" else self.critic_micro_batch
     params = [p for p in worker.module.parameters() if p.requires_grad]
-    stats = {}
+    steps = []
     for micros in plan:
+        parts = []
         for j, (idx, weight) in enumerate(micros):
             last = j == len(micros) - 1
-            if not halve or len(idx) < 2: _extend(stats, micro(data, idx, weight, last)); continue
-            for part in self._halved_micro_batch(micro, params, data, idx, weight, last, keep_grads=j > 0): _extend(stats, part)
-        _extend(stats, {f"{role}/{k}": v for k, v in worker.step().items()})
-    return stats
+            if len(idx) < 2: parts.append((micro(data, idx, weight, last), weight, float(data["response_mask"][idx].sum())))
+            else: parts += self._halved_micro_batch(micro, params, data, idx, weight, last, keep_grads=j > 0)
+        steps.append({**mini_batch_metrics(parts), **{f"{role}/{k}": v for k, v in worker.step().items()}})
+    return update_metrics(steps)
 
 @patch
 def update(self: FastRLTrainer, data):
     "The plain update's result, with the actor and critic epochs side by side (or the actor's micro-batches halved)."
     if not self.roles_in_parallel: return RLTrainer.update(self, data)
-    actor, critic = self.workers[Role.ActorRollout].train(), self.workers.get(Role.Critic)
+    actor, critic = self.workers[Role.ActorRollout], self.workers.get(Role.Critic)
     plan, mask, mode, stats = self.update_plan(data), data["response_mask"], self.config.loss_agg_mode, {}
     if critic is not None:
-        critic.train()
         halved = [[(h, w * wh) for idx, w in micros for h, wh in zip(*_halves(idx, mask, mode))] for micros in plan]
-        for part in run_concurrently([lambda r=r: self._role_epochs(r, data, halved) for r in ("actor", "critic")]): _extend(stats, part)
-    else: _extend(stats, self._role_epochs("actor", data, plan, halve=True))
+        for part in run_concurrently([lambda r=r: self._role_epochs(r, data, halved) for r in ("actor", "critic")]): stats.update(part)
+    else: stats = self._role_epochs("actor", data, plan, halve=True)
     actor.lr_step()
     if critic is not None: critic.lr_step()
-    return {k: sum(v) / len(v) for k, v in stats.items()}
+    return stats

@@ -223,17 +223,11 @@ def prepare_update(t, kl_value, data):
     return fields, t.update_plan(data)
 
 def role_update(t, which, data, plan):
-    "On a worker: every PPO epoch of role `which` ('actor' or 'critic') over `plan`, then its lr step -> mean stats and its lr."
-    worker = t.workers[Role.ActorRollout if which == "actor" else Role.Critic].train()
-    micro = t.actor_micro_batch if which == "actor" else t.critic_micro_batch
-    stats = {}
-    def add(new):
-        for k, v in new.items(): stats.setdefault(k, []).append(v)
-    for micros in plan:
-        for j, (idx, weight) in enumerate(micros): add(micro(data, idx, weight, j == len(micros) - 1))
-        add({f"{which}/{k}": v for k, v in worker.step().items()})
+    "On a worker: the trainer's `role_epochs` of role `which` ('actor' or 'critic') over `plan`, then its lr step -> (metrics, lr)."
+    metrics = t.role_epochs(which, data, plan)                           # weighted like the loss, as the colocated update's
+    worker = t.workers[Role.ActorRollout if which == "actor" else Role.Critic]
     worker.lr_step()
-    return {k: sum(v) / len(v) for k, v in stats.items()}, worker.scheduler.get_last_lr()[0]
+    return metrics, worker.scheduler.get_last_lr()[0]
 
 # %% ../nbs/01f_placement.ipynb #6cc1369d
 def save_role(t, role, folder, pool):

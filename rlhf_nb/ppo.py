@@ -31,9 +31,9 @@ from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolic
 from .placement import PlacementArgs, check_placement, make_placement
 
 # %% auto #0
-__all__ = ['DEFAULT_ROLE_WORKERS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig',
-           'RLTrainer', 'resolve_critic', 'check_value_model', 'select_rows', 'rollout_table', 'agg_units',
-           'loss_weights', 'ppo_main']
+__all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs',
+           'PPOConfig', 'RLTrainer', 'resolve_critic', 'check_value_model', 'select_rows', 'rollout_table', 'agg_units',
+           'loss_weights', 'mini_batch_metrics', 'update_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #8ebcb122
 @dataclass
@@ -482,6 +482,25 @@ def loss_weights(chunks, response_mask, loss_agg_mode, total=None):
     if total == 0: n, total = [float(len(c)) for c in chunks], float(sum(len(c) for c in chunks))   # nothing valid: losses are 0
     return [x / total for x in n]
 
+# %% ../nbs/02_ppo.ipynb #323b3e67
+TOKEN_MEAN_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "vf_clipfrac")
+
+def mini_batch_metrics(parts):
+    "One mini-batch's metrics from its micro-batches' (stats, loss weight, valid tokens): loss terms by weight, token means by tokens."
+    out, w_sum, n_sum = {}, {}, {}
+    for stats, w, n in parts:
+        for k in stats: w_sum[k], n_sum[k] = w_sum.get(k, 0.0) + w, n_sum.get(k, 0.0) + n
+    for stats, w, n in parts:
+        for k, v in stats.items():
+            by_tokens = k.rsplit("/", 1)[-1] in TOKEN_MEAN_STATS and n_sum[k] > 0
+            out[k] = out.get(k, 0.0) + (w_sum[k] * n / n_sum[k] if by_tokens else w) * v
+    return out
+
+def update_metrics(steps):
+    "An update's metrics: per key, the mean over the optimiser steps (dicts of `steps`) that report it."
+    keys = dict.fromkeys(k for s in steps for k in s)
+    return {k: sum(s[k] for s in steps if k in s) / sum(k in s for s in steps) for k in keys}
+
 # %% ../nbs/02_ppo.ipynb #676b1f4b
 @patch
 def update_plan(self: RLTrainer, data, perms=None):
@@ -533,25 +552,39 @@ def critic_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
     return {"critic/vf_loss": float(vf), "critic/vf_clipfrac": float(vclip)}
 
 # %% ../nbs/02_ppo.ipynb #9b1f212c
-def _add(stats, new):
-    for k, v in new.items(): stats.setdefault(k, []).append(v)
+def _tokens(data, idx): return float(data["response_mask"][idx].sum())
 
 @patch
 def update(self: RLTrainer, data):
     "PPO's update: per mini-batch of every epoch, accumulate the micro-batches' gradients, then one step per role."
     actor, critic = self.workers[Role.ActorRollout].train(), self.workers.get(Role.Critic)
     if critic is not None: critic.train()
-    stats = {}
+    steps = []
     for micro_batches in self.update_plan(data):                      # num_ppo_epochs x (episodes / mini_batch_size)
+        parts = []
         for j, (idx, weight) in enumerate(micro_batches):
             last = j == len(micro_batches) - 1                         # DDP all-reduces gradients on the last one
-            _add(stats, self.actor_micro_batch(data, idx, weight, last))
-            if critic is not None: _add(stats, self.critic_micro_batch(data, idx, weight, last))
-        _add(stats, {f"actor/{k}": v for k, v in actor.step().items()})      # clip, step, zero (NaN: skipped)
-        if critic is not None: _add(stats, {f"critic/{k}": v for k, v in critic.step().items()})
+            parts.append((self.actor_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
+            if critic is not None: parts.append((self.critic_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
+        m = mini_batch_metrics(parts)                                  # weighted like the loss
+        m.update({f"actor/{k}": v for k, v in actor.step().items()})      # clip, step, zero (NaN: skipped)
+        if critic is not None: m.update({f"critic/{k}": v for k, v in critic.step().items()})
+        steps.append(m)
     actor.lr_step()
     if critic is not None: critic.lr_step()
-    return {k: sum(v) / len(v) for k, v in stats.items()}
+    return update_metrics(steps)
+
+# %% ../nbs/02_ppo.ipynb #0902fa6a
+@patch
+def role_epochs(self: RLTrainer, which, data, plan):
+    "Every PPO epoch of one role ('actor' or 'critic') over `plan` (from `update_plan`) -> its metrics, as `update` reports them."
+    worker = self.workers[Role.ActorRollout if which == "actor" else Role.Critic].train()
+    micro = self.actor_micro_batch if which == "actor" else self.critic_micro_batch
+    steps = []
+    for micros in plan:
+        parts = [(micro(data, idx, w, j == len(micros) - 1), w, _tokens(data, idx)) for j, (idx, w) in enumerate(micros)]
+        steps.append({**mini_batch_metrics(parts), **{f"{which}/{k}": v for k, v in worker.step().items()}})
+    return update_metrics(steps)
 
 # %% ../nbs/02_ppo.ipynb #70d495c6
 @patch
