@@ -5,7 +5,8 @@ from __future__ import annotations
 import json, math, os, statistics
 from pathlib import Path
 import torch
-from .engine import append_line, read_metrics, write_json_atomic
+from .files import append_line, write_json_atomic
+from .tracking import read_metrics
 
 # %% auto #0
 __all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'pick_rows', 'step_samples', 'append_samples', 'cut_samples', 'read_samples',

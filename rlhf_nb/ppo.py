@@ -17,9 +17,13 @@ from transformers import AutoConfig, set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
-from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted,
-                            agree_disk_full, caught_disk_full, AccelerateArgs, check_accelerate_args, make_accelerator)
+from .files import agree_disk_full, caught_disk_full
+from .tracking import RunLog, read_metrics
+from .checkpoints import (write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load,
+                                 set_rng_state)
+from .dist import (accelerate_cpu, merge_rank_metrics, Interrupted, AccelerateArgs, check_accelerate_args,
+                          make_accelerator)
+from .engine import NanGuard, TimeBudget, RunGuard
 from .data import RLHFDataset, load_split, held_out_spec, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
                             wrap_lora, is_peft_model, enable_gradient_checkpointing)

@@ -20,7 +20,9 @@ from .data import DataError, make_arith, load_split, last_boxed
 from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 
 logger = logging.getLogger("rlhf_nb.rewards")
-from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
+from .files import fresh_output_dir, save_model_folder
+from .tracking import check_report_to, close_sinks, metric_sinks
+from .engine import LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'RewardTimeout', 'VERIFY_POOL', 'MATH_VERIFY_STATS',

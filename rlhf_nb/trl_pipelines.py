@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from . import data
 from .config import ConfigError, option, parse_config
-from .engine import log_progress
+from .tracking import log_progress
 from .data import DataArgs, parse_split, read_train_test, select_split, to_trl_dpo, to_trl_grpo, to_trl_sft
 from .ppo import PPOConfig
 from .algos import run_rl
