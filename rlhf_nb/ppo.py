@@ -18,7 +18,7 @@ from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .files import agree_disk_full, caught_disk_full
-from .tracking import RunLog, read_metrics
+from .tracking import RunLog, read_metrics, step_samples, append_samples, cut_samples
 from .checkpoints import (write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load,
                                  set_rng_state)
 from .dist import (accelerate_cpu, merge_rank_metrics, Interrupted, AccelerateArgs, check_accelerate_args,
@@ -675,8 +675,6 @@ def step(self: RLTrainer):
     return m
 
 # %% ../nbs/02_ppo.ipynb #9ac59df2
-from .health import step_samples, append_samples, cut_samples
-
 @patch
 def record_samples(self: RLTrainer, data, n=4):
     "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process writes, every rank agrees on a full disk)."
