@@ -76,7 +76,7 @@ def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_
                   max_completion_length=128, bf16=None, peak_tflops=None, seed=0, output_dir=None, **overrides):
     "Random-init model of `shape` (default Qwen2.5-0.5B's) through `steps` timed RL steps: tokens/s, step time, memory, MFU."
     import torch
-    from rlhf_nb.engine import peak_memory
+    from rlhf_nb.dist import peak_memory
     cuda = torch.cuda.is_available()
     G = num_generations if algo == "grpo" else 1
     trainer = _trainer(algo, dict(QWEN25_05B_SHAPE if shape is None else shape), steps, warmup_steps, prompts_per_step, G,
@@ -113,7 +113,7 @@ def trl_throughput(shape=None, steps=3, warmup_steps=1, prompts_per_step=16, num
     from trl import GRPOConfig, GRPOTrainer
     from rlhf_nb.arith import make_arith
     from rlhf_nb.dataset import to_trl_grpo
-    from rlhf_nb.engine import peak_memory
+    from rlhf_nb.dist import peak_memory
     from rlhf_nb.models import char_tokenizer
     cuda = torch.cuda.is_available()
     tok = char_tokenizer()

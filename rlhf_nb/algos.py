@@ -12,7 +12,8 @@ import torch
 from .config import option
 from .core import informative_groups, GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE
 from .prep import resolve_dataset, DataArgs
-from .engine import gather_checksums, write_json_atomic, peak_memory
+from .files import write_json_atomic
+from .dist import gather_checksums, peak_memory
 from .ppo import PPOConfig, RLTrainer
 from .fast import FastRLTrainer
 

@@ -14,8 +14,9 @@ from .arith import make_arith
 from .prep import resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
 from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
-from .engine import (DEFAULT_PANELS, ensure_cpu_distributed, peak_memory, plot_metrics, process_state, read_metrics,
-                            save_atomic, write_json_atomic)
+from .files import save_atomic, write_json_atomic
+from .tracking import DEFAULT_PANELS, plot_metrics, read_metrics
+from .dist import ensure_cpu_distributed, peak_memory, process_state
 from .ppo import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
 
@@ -247,7 +248,7 @@ class PlotArgs:
     output: str = option("curves.png", "Image file to write.")
 
 def plot_runs(runs, output):
-    "Plot the metrics of `runs` (folders or metrics.jsonl files) with rlhf_nb.engine.plot_metrics and save to `output`."
+    "Plot the metrics of `runs` (folders or metrics.jsonl files) with rlhf_nb.tracking.plot_metrics and save to `output`."
     import matplotlib; matplotlib.use("Agg")
     labels = {}
     for r in runs:

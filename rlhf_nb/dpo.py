@@ -17,9 +17,11 @@ from .config import option
 from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, validate_rows
 from .prep import read_train_test
-from .engine import RunLog, NanGuard, TimeBudget, save_atomic, write_json_atomic, make_adamw
-from .engine import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .engine import RunGuard, Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
+from .files import save_atomic, write_json_atomic
+from .tracking import RunLog
+from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
+from .dist import Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
+from .engine import RunGuard, NanGuard, TimeBudget, make_adamw
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
 from .models import short_sequence_attention, set_attention
 from .rewards import compute_score

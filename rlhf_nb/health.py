@@ -2,61 +2,15 @@
 
 # %% ../nbs/04b_health.ipynb #f2ed0d98
 from __future__ import annotations
-import json, math, os, statistics
+import math, statistics
 from pathlib import Path
-import torch
-from .engine import append_line, read_metrics, write_json_atomic
+from .files import write_json_atomic
+from .tracking import read_metrics, read_samples
 
 # %% auto #0
-__all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'pick_rows', 'step_samples', 'append_samples', 'cut_samples', 'read_samples',
-           'kl_spike', 'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat', 'no_signal', 'clip_high',
-           'health_report', 'format_warnings', 'plot_health', 'save_health', 'sample_table_html', 'health_widget']
-
-# %% ../nbs/04b_health.ipynb #693beb73
-def pick_rows(token_kl, response_mask, n=4):
-    "Rows to keep for a step: the first `n`, and (with `token_kl`[B,R]) the row with the largest summed KL. -> (rows, culprit row or None)"
-    B = response_mask.shape[0]
-    rows = list(range(min(n, B)))
-    if token_kl is None or B == 0: return rows, None
-    culprit = int((token_kl * response_mask).sum(-1).argmax())
-    return rows + ([culprit] if culprit not in rows else []), culprit
-
-# %% ../nbs/04b_health.ipynb #bb7070d2
-def step_samples(step, data, decode, token_str, n=4, token_kl=None):
-    "Records of a few rollouts of one step (and the largest-KL one, with its worst token). -> list of dicts"
-    mask = data["response_mask"].bool()
-    rows, culprit = pick_rows(token_kl, mask.float(), n)
-    out = []
-    for b in rows:
-        m, resp = mask[b], data["responses"][b]
-        rec = {"step": step, "row": b, "prompt": decode(data["prompts"][b][data["prompt_mask"][b].bool()]),
-               "response": decode(resp[m]), "score": float(data["token_level_scores"][b].sum()), "length": int(m.sum())}
-        if token_kl is not None and m.any():
-            k = token_kl[b].masked_fill(~m, float("-inf")); t = int(k.argmax())
-            rec.update(kl=float(token_kl[b][m].sum()), kl_token=token_str(int(resp[t])), kl_token_pos=t,
-                       kl_token_value=float(k[t]), culprit=b == culprit)
-        out.append(rec)
-    return out
-
-def append_samples(output_dir, records):
-    "Append sample records to `output_dir/samples.jsonl`: whole lines or none (a full disk raises `DiskFull`); -> the file."
-    p = Path(output_dir); p.mkdir(parents=True, exist_ok=True)
-    append_line(p / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    return p / "samples.jsonl"
-
-def cut_samples(output_dir, step):
-    "Start `output_dir/samples.jsonl` like metrics.jsonl: empty for a new run, cut back to records of steps <= `step` on resume; -> records kept."
-    p = Path(output_dir) / "samples.jsonl"
-    if not p.exists(): return []
-    keep = [r for r in read_samples(output_dir) if r.get("step", 0) <= step] if step else []
-    tmp = p.with_name(".samples.jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, p)
-    return keep
-
-def read_samples(run_dir):
-    "The sample records of a run folder ([] when it has none)."
-    p = Path(run_dir) / "samples.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+__all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'kl_spike', 'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat',
+           'no_signal', 'clip_high', 'health_report', 'format_warnings', 'plot_health', 'save_health',
+           'sample_table_html', 'health_widget']
 
 # %% ../nbs/04b_health.ipynb #1bdb871e
 def _series(rows, key): return [(r["step"], float(r[key])) for r in rows if key in r and "step" in r and r[key] is not None]

@@ -16,8 +16,10 @@ from typing import Optional
 import yaml
 from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
 from .core import UnknownEstimatorError
-from .engine import (CorruptCheckpoint, DiskFull, RankLost, Interrupted, distributed_world, end_distributed, exit_process, ensure_cpu_distributed, list_checkpoints,
-                            log_progress, model_card, process_state, push_to_hub)
+from .files import DiskFull, distributed_world
+from .tracking import log_progress, model_card, push_to_hub
+from .checkpoints import CorruptCheckpoint, list_checkpoints
+from .dist import RankLost, Interrupted, end_distributed, exit_process, ensure_cpu_distributed, process_state
 from .data import DataError
 from .prep import DataArgs, check_dataset, prep_main
 from .models import check_model_path

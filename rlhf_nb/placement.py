@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional
 import torch
 from .config import ConfigError, option
-from .engine import rng_state, set_rng_state, torch_load, read_checked, merge_rank_metrics
+from .checkpoints import rng_state, set_rng_state, torch_load, read_checked
+from .dist import merge_rank_metrics
 from .workers import Role, Reference, ActorRolloutWorker, CriticWorker
 
 # %% auto #0

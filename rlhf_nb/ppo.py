@@ -17,9 +17,13 @@ from transformers import AutoConfig, set_seed
 from .config import option, parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
-from .engine import (RunLog, read_metrics, write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state,
-                            NanGuard, TimeBudget, accelerate_cpu, merge_rank_metrics, RunGuard, Interrupted,
-                            agree_disk_full, caught_disk_full, AccelerateArgs, check_accelerate_args, make_accelerator)
+from .files import agree_disk_full, caught_disk_full
+from .tracking import RunLog, read_metrics, step_samples, append_samples, cut_samples
+from .checkpoints import (write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load,
+                                 set_rng_state)
+from .dist import (accelerate_cpu, merge_rank_metrics, Interrupted, AccelerateArgs, check_accelerate_args,
+                          make_accelerator)
+from .engine import NanGuard, TimeBudget, RunGuard
 from .prep import load_split, held_out_spec
 from .dataset import RLHFDataset, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
@@ -706,8 +710,6 @@ def step(self: RLTrainer):
     return m
 
 # %% ../nbs/02_ppo.ipynb #9ac59df2
-from .health import step_samples, append_samples, cut_samples
-
 @patch
 def record_samples(self: RLTrainer, data, n=4):
     "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process writes, every rank agrees on a full disk)."

@@ -17,7 +17,9 @@ from .data import DataError
 from .arith import make_arith
 from .prep import load_split
 from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
-from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
+from .files import fresh_output_dir, save_model_folder
+from .tracking import check_report_to, close_sinks, metric_sinks
+from .engine import LoopCheckpoints, RunGuard
 from .rewards import REWARD_REGISTRY, ModelReward, UnknownRewardError, as_reward_fields, compute_score, pad_right, score_ids
 
 logger = logging.getLogger("rlhf_nb.reward_model")

@@ -19,9 +19,10 @@ from .prep import load_split
 from .dataset import render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, LoadArgs, load_kwargs, prepare_for_training, is_peft_model
-from .engine import write_json_atomic
 from .rewards import compute_score
-from .engine import check_report_to, close_sinks, fresh_output_dir, metric_sinks, save_model_folder, LoopCheckpoints, RunGuard
+from .files import fresh_output_dir, save_model_folder, write_json_atomic
+from .tracking import check_report_to, close_sinks, metric_sinks
+from .engine import LoopCheckpoints, RunGuard
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',

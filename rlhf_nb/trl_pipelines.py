@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 from . import prep
 from .config import ConfigError, option, parse_config
-from .engine import log_progress
+from .tracking import log_progress
 from .prep import DataArgs, parse_split, read_train_test, select_split
 from .dataset import to_trl_dpo, to_trl_grpo, to_trl_sft
 from .ppo import PPOConfig

@@ -8,7 +8,7 @@ import html, io, json, threading, time
 from pathlib import Path
 import torch
 from fastcore.basics import patch
-from .engine import DEFAULT_PANELS, plot_metrics, read_metrics
+from .tracking import DEFAULT_PANELS, plot_metrics, read_metrics
 from .ppo import rollout_table
 from .rewards import REWARD_REGISTRY, explain_reward
 

@@ -13,7 +13,8 @@ from fastcore.basics import patch
 from transformers import DynamicCache, GenerationConfig, get_scheduler
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from .core import logprobs_from_logits, logprobs_and_entropy, eos_response_mask, forward_attention_mask
-from .engine import make_adamw, load_weights, torch_load
+from .checkpoints import load_weights, torch_load
+from .engine import make_adamw
 from .models import intra_op_threads, decode_threads, param_bytes, disable_dropout, wrap_lora, is_peft_model
 
 # %% auto #0

@@ -19,7 +19,7 @@ import torch
 REC = Path(os.environ["RLHF_NB_TEST_RECORD"]); REC.mkdir(parents=True, exist_ok=True)
 SEEDED = os.environ.get("RLHF_NB_TEST_SEEDED_ROLLOUT") == "1"
 
-from rlhf_nb import launch, ppo, rewards, engine, workers
+from rlhf_nb import launch, ppo, rewards, dist, workers
 import rlhf_nb.dpo as dg
 
 
@@ -84,7 +84,7 @@ dg.DPOTrainer.compute_loss, dg.DPOTrainer.fit = dpo_compute_loss, dpo_fit
 
 rc = launch.main(sys.argv[1:])
 
-state = engine.process_state()
+state = dist.process_state()
 if "trainer" in captured:
     t = captured["trainer"]
     modules = [t.accelerator.unwrap_model(t.actor), t.accelerator.unwrap_model(t.critic) if t.critic is not None else None]
@@ -98,5 +98,5 @@ clean = lambda h: {k: v for k, v in h.items() if isinstance(v, (int, float)) and
 (REC / f"rank{state.process_index}.json").write_text(json.dumps({
     "rc": rc, "rank": state.process_index, "world": state.num_processes, "steps": rec["steps"],
     "local_scores": rec["local_scores"], "history": [clean(h) for h in history],
-    "checksum": engine.param_checksum(*modules)}))
-engine.exit_process(rc)                                                  # a launched rank: no C++ teardown (it can abort)
+    "checksum": dist.param_checksum(*modules)}))
+dist.exit_process(rc)                                                  # a launched rank: no C++ teardown (it can abort)

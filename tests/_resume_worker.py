@@ -57,7 +57,7 @@ def slow_steps(seconds):
 
 def arm_signal(step, name):
     "Send this process SIG`name` just after the metrics row of step `step` is written."
-    from rlhf_nb.engine import RunLog
+    from rlhf_nb.tracking import RunLog
     log = RunLog.log
     def signalling_log(self, row):
         log(self, row)
@@ -88,5 +88,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from rlhf_nb.engine import exit_process
+    from rlhf_nb.dist import exit_process
     exit_process(main(sys.argv[1:]))                                     # a launched rank: no C++ teardown (it can abort)

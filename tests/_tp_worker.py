@@ -17,5 +17,5 @@ out.loss.backward(); torch.optim.AdamW(tp.parameters(), lr=1e-3).step()
 assert tp.generate(input_ids=x[:, :3], max_new_tokens=3, do_sample=False, pad_token_id=0).shape == (2, 6)
 if dist.get_rank() == 0: print("tp ok", flush=True)
 dist.destroy_process_group()
-from rlhf_nb.engine import exit_process
+from rlhf_nb.dist import exit_process
 exit_process(0)

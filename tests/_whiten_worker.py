@@ -26,5 +26,5 @@ if t.rank == 0:
     assert torch.allclose(got, want, atol=1e-6), (got, want)
     assert not torch.allclose(got, per_rank, atol=1e-3), "per-rank and global whitening agree: the test data is too easy"
     print("global whitening ok")
-from rlhf_nb.engine import exit_process
+from rlhf_nb.dist import exit_process
 exit_process(0)

@@ -724,7 +724,7 @@ def test_truncated_last_metrics_line_is_repaired_on_resume(run, ckpts, tmp_path,
 
 
 def test_metrics_line_broken_in_the_middle_is_named(tmp_path):
-    from rlhf_nb.engine import read_metrics
+    from rlhf_nb.tracking import read_metrics
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl: line 2 is not JSON"): read_metrics(tmp_path)
 
@@ -777,7 +777,7 @@ def test_output_folder_held_by_a_live_run(run, tmp_path):
 
 
 def test_disk_full_during_the_first_checkpoint(run, tmp_path):
-    from rlhf_nb.engine import file_size_limit
+    from rlhf_nb.files import file_size_limit
     out = tmp_path / "o"
     with file_size_limit(200_000): rc, lines = run("grpo", "--output_dir", out, *TINY, "--num_generations", 2)
     one_line(rc, lines, f"disk full writing {out / 'checkpoint-1'} (a file reached the size limit (ulimit -f)): it needs about")

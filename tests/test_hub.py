@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_nb import engine, launch
+from rlhf_nb import launch, tracking
 
 TINY = ["--per_device_train_batch_size", "4", "--num_generations", "2", "--max_completion_length", "8",
         "--arith_train_size", "64", "--eval_steps", "0", "--disable_tqdm", "true", "--max_steps", "2"]
@@ -26,7 +26,7 @@ class LocalFolderHub:
 @pytest.fixture
 def local_hub(tmp_path, monkeypatch):
     hub = LocalFolderHub(tmp_path / "hub")
-    monkeypatch.setattr(engine, "hub_api", lambda: hub)
+    monkeypatch.setattr(tracking, "hub_api", lambda: hub)
     monkeypatch.setenv("TQDM_DISABLE", "1")
     return hub
 

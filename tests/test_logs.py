@@ -1,5 +1,5 @@
 """Progress bars in a redirected log: `rlhf-nb grpo ... 2> run.log` writes a few whole progress lines, not thousands of
-carriage-return frames glued into one line (rlhf_nb.engine.log_progress)."""
+carriage-return frames glued into one line (rlhf_nb.tracking.log_progress)."""
 import os, subprocess, sys
 
 

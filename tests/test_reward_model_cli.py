@@ -7,7 +7,7 @@ import pytest
 
 from rlhf_nb import launch, prep
 from rlhf_nb.data import gsm8k_row, hh_row, read_rows, write_parquet
-from rlhf_nb.engine import read_metrics
+from rlhf_nb.tracking import read_metrics
 from rlhf_nb.models import char_tokenizer, tiny_value_model
 from rlhf_nb.rewards import compute_score
 

@@ -1,17 +1,17 @@
-"""How often a two-rank CPU script dies with SIGABRT at exit, by how it ends (evidence for `engine.exit_process`).
+"""How often a two-rank CPU script dies with SIGABRT at exit, by how it ends (evidence for `dist.exit_process`).
 
     python tools/exit_loop.py [--runs 16] [--how none,end,exit]
 
 Each run launches a small script under `accelerate launch` with 2 CPU processes (gloo): an Accelerator from
-`engine.make_accelerator`, 20 all-reduces, 5 DDP steps of a linear layer, then it ends one of three ways:
-`none` (falls off the end), `end` (`engine.end_distributed()` first), `exit` (`engine.exit_process(0)`).
+`dist.make_accelerator`, 20 all-reduces, 5 DDP steps of a linear layer, then it ends one of three ways:
+`none` (falls off the end), `end` (`dist.end_distributed()` first), `exit` (`dist.exit_process(0)`).
 A run counts as an abort when its output holds "terminate called" or its status is not 0."""
 import argparse, os, subprocess, sys, tempfile
 from pathlib import Path
 
 SCRIPT = '''
 import os, sys, torch
-from rlhf_nb.engine import make_accelerator, AccelerateArgs, end_distributed, exit_process
+from rlhf_nb.dist import make_accelerator, AccelerateArgs, end_distributed, exit_process
 acc = make_accelerator(AccelerateArgs())
 t = torch.ones(1000) * acc.process_index
 for _ in range(20): acc.reduce(t)
