@@ -76,3 +76,44 @@ def test_core_alone_registers_every_estimator_and_loss():
     est, losses = r.stdout.strip().split("] [")
     for name in ("gae", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"): assert f"'{name}'" in est
     for name in ("vanilla", "dual_clip", "gspo", "cispo"): assert f"'{name}'" in losses
+
+
+# The layer table: the house as the design draws it. A module imports only modules of its own layer or a lower one,
+# and only modules whose notebook comes earlier in reading order (notebook file names sort in dependency order), so a
+# reader meets every module before the modules that use it. A new module must be given a layer here.
+LAYERS = {
+    "config": 1, "core": 1,                                                     # foundations: options, tensor math
+    "data": 2, "arith": 2, "prep": 2, "dataset": 2, "models": 2,                # rows, datasets, tokenizers and models
+    "files": 3, "tracking": 3, "checkpoints": 3, "dist": 3, "engine": 3,        # the run folder every trainer shares
+    "equivalence": 4, "rewards": 4, "reward_model": 4, "sft": 4,                # rewards and the supervised warm start
+    "speed": 5, "workers": 5, "placement": 5, "rollout": 5, "agents": 5,        # roles, samplers and where they run
+    "rl_config": 6, "ppo": 6, "fast": 6, "algos": 6,                            # the RL trainer and its speed paths
+    "dpo": 7, "trl_pipelines": 7,                                               # preference training, TRL's trainers
+    "demo": 8, "health": 8, "launch": 8, "golden": 8, "widgets": 8,             # entry points and tools
+}
+
+
+def notebook_of(module):
+    "The notebook a module is exported from, read from the header nbdev writes."
+    import re
+    hit = re.search(r"\.\./nbs/([\w.-]+\.ipynb)", (PKG / f"{module}.py").read_text()[:2000])
+    return hit.group(1) if hit else None
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in import_graph() if m not in LAYERS)
+    assert not missing, f"modules without a layer in LAYERS (tests/test_import_graph.py): {missing}"
+
+
+def test_imports_go_down_the_layers():
+    bad = [f"{m} (layer {LAYERS[m]}) imports {d} (layer {LAYERS[d]})" for m, (top, _) in import_graph().items()
+           for d in sorted(top) if d in LAYERS and m in LAYERS and LAYERS[d] > LAYERS[m]]
+    assert not bad, "imports of a higher layer:\n" + "\n".join(bad)
+
+
+def test_notebooks_are_in_dependency_order():
+    "Every module's notebook sorts before the notebooks of the modules that import it."
+    graph = import_graph()
+    bad = [f"{m} ({notebook_of(m)}) imports {d} ({notebook_of(d)})" for m, (top, _) in graph.items() for d in sorted(top)
+           if d in graph and notebook_of(m) and notebook_of(d) and notebook_of(d) > notebook_of(m)]
+    assert not bad, "a module imports one taught in a later notebook:\n" + "\n".join(bad)
