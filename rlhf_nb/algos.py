@@ -18,7 +18,7 @@ from .ppo import PPOConfig, RLTrainer
 from .fast import FastRLTrainer
 
 # %% auto #0
-__all__ = ['GroupRLTrainer', 'GRPOConfig', 'rl_trainer_class', 'run_grpo', 'run_rl']
+__all__ = ['GRPOConfig', 'rl_trainer_class', 'run_grpo', 'run_rl']
 
 # %% ../nbs/02b_grpo.ipynb #92499108
 @dataclass
@@ -53,8 +53,6 @@ def rl_trainer_class(cfg):
     "The trainer class `cfg` runs: `FastRLTrainer`, or the plain `RLTrainer` when `cfg.fast_paths` is False or the roles are on Ray."
     ray = getattr(cfg, "placement", "colocate") == "ray"                 # Ray pools already run roles side by side
     return FastRLTrainer if getattr(cfg, "fast_paths", True) and not ray else RLTrainer
-
-GroupRLTrainer = FastRLTrainer        # the old name of the GRPO trainer: group filtering is now a step of every trainer
 
 # %% ../nbs/02b_grpo.ipynb #38fc0e05
 def run_grpo(config, **trainer_kw):

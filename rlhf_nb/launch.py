@@ -31,6 +31,7 @@ from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
 from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
 from .trl_pipelines import parse_trl_args, trl_main, trl_ppo_config
+from .health import save_health, format_warnings
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'STAGE_INPUTS',
@@ -490,8 +491,6 @@ def config_main(argv=None):
 register_subcommand("config", config_main, "list, print or copy the YAML configs shipped with the package")
 
 # %% ../nbs/04c_launch.ipynb #644e46cb
-from .health import save_health, format_warnings
-
 def health_main(argv=None):
     "`rlhf-nb health RUN_DIR [--output_dir DIR]`: dashboard PNG + JSON of a run (rlhf_nb.health), warnings printed."
     import argparse
@@ -504,14 +503,6 @@ def health_main(argv=None):
     print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
 
 register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
-
-# %% ../nbs/04c_launch.ipynb #65488dc8
-_MOVED_TO_BENCH = ("rl_throughput", "ParityReward", "QWEN25_05B_SHAPE", "DRY_SHAPE", "PEAK_BF16_TFLOPS")
-
-def __getattr__(name):
-    "Module attribute fallback: names that moved out of the package say where they went."
-    if name in _MOVED_TO_BENCH: raise AttributeError(f"rlhf_nb.launch.{name} moved out of the package to bench/throughput.py")
-    raise AttributeError(f"module 'rlhf_nb.launch' has no attribute {name!r}")
 
 # %% ../nbs/04c_launch.ipynb #65552d24
 #| eval: false

@@ -32,9 +32,6 @@ TINY_DPO = ["--max_steps", 2, "--per_device_train_batch_size", 2, "--num_pairs",
             "--num_eval_prompts", 0, "--rejected_from_policy", "false", "--max_length", 32, "--eval_steps", 100]
 
 
-def needs(owner, what): return pytest.mark.xfail(strict=True, reason=f"needs {owner}: {what}")
-
-
 def cli(*args, cwd):
     "The real console script in a subprocess: (exit status, stdout, stderr)."
     exe = shutil.which("rlhf-nb")
