@@ -57,7 +57,7 @@ class DemoArgs:
     max_completion_length: Optional[int] = option(None, "Maximum new tokens (default: the preset's).")
     bf16: Optional[bool] = option(None, "bf16 mixed precision (default: on with CUDA).")
     seed: int = option(0, "Seed of the model, SFT and RL (the task's data seed stays 0).")
-    threads: Optional[int] = option(None, "torch CPU threads (default: 1 when the machine's load average is at least its core count, where one thread is faster, else torch's default).")
+    threads: Optional[int] = option(None, "torch CPU threads (default: 1 when os.getloadavg() is at least the core count, where one thread is faster, else torch's default).")
 
 # %% ../nbs/04a_demo.ipynb #51d9fa8c
 _OVERRIDES = ("learning_rate", "per_device_train_batch_size", "num_generations", "max_completion_length", "bf16")
@@ -166,7 +166,7 @@ def _save_policy(trainer, out):
 
 # %% ../nbs/04a_demo.ipynb #eb8b0c95
 def _demo_summary(a, cfg, trainer, hist, acc_init, sft_info, times):
-    "The summary dict of a finished demo run (`times`: start, sft and rl seconds, load average at the start)."
+    "The summary dict of a finished demo run (`times`: start, sft and rl seconds, `os.getloadavg()` at the start)."
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     acc_sft, acc_rl = evals[0][1], evals[-1][1]
     return {"algo": a.algo, "model": a.model_name_or_path, "dataset": cfg.dataset, "eval_size": cfg.eval_size,

@@ -24,9 +24,9 @@ __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DE
            'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads', 'decode_threads',
            'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'wrap_lora', 'is_peft_model',
            'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options', 'PeftArgs',
-           'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs', 'load_tokenizer',
-           'load_causal_lm', 'load_config', 'load_value_model', 'custom_code_folder', 'check_model_path',
-           'short_sequence_attention', 'set_attention']
+           'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs', 'checked_from_pretrained',
+           'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model', 'custom_code_folder',
+           'check_model_path', 'short_sequence_attention', 'set_attention']
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -362,7 +362,7 @@ def pretrained_kwargs(src, what="model_name_or_path", dtype=None, trust_remote_c
     if attn_implementation: kw["attn_implementation"] = attn_implementation
     return kw
 
-def _from_pretrained(cls, src, what, **kw):
+def checked_from_pretrained(cls, src, what, **kw):
     "`cls.from_pretrained(src, **kw)`, transformers' refusal of untrusted custom code reworded as one line naming the option."
     try: return cls.from_pretrained(src, **kw)
     except ValueError as e:
@@ -383,7 +383,7 @@ def load_tokenizer(name_or_path, padding_side="left", trust_remote_code=False, v
     kw = pretrained_kwargs(src, what, trust_remote_code=trust_remote_code, revision=revision)
     if src == "tiny": return char_tokenizer(padding_side=padding_side)
     kw.pop("dtype")
-    tok = _from_pretrained(AutoTokenizer, src, what, padding_side=padding_side, **kw, **kwargs)
+    tok = checked_from_pretrained(AutoTokenizer, src, what, padding_side=padding_side, **kw, **kwargs)
     tok.padding_side = padding_side  # some tokenizer classes ignore the keyword
     return ensure_chat_ready(tok, verbose=verbose)
 
@@ -393,13 +393,13 @@ def load_causal_lm(name_or_path, dtype=None, trust_remote_code=False, seed=0, re
     src = _resolve(name_or_path, what)
     kw = pretrained_kwargs(src, what, dtype, trust_remote_code, revision, attn_implementation)
     if src == "tiny": return _tiny_as_asked(tiny_causal_lm(char_tokenizer(), seed=seed), kw)
-    return _from_pretrained(AutoModelForCausalLM, src, what, **kw, **kwargs)
+    return checked_from_pretrained(AutoModelForCausalLM, src, what, **kw, **kwargs)
 
 def load_config(name_or_path, what="model_name_or_path", trust_remote_code=False, revision=None, **model_options):
     "The `AutoConfig` of a folder or hub name, under the same checks as the loaders (`model_options`: dtype, attn, unused)."
     src = _resolve(name_or_path, what)
     kw = pretrained_kwargs(src, what, trust_remote_code=trust_remote_code, revision=revision); kw.pop("dtype")
-    return _from_pretrained(AutoConfig, src, what, **kw)
+    return checked_from_pretrained(AutoConfig, src, what, **kw)
 
 # %% ../nbs/00d_models.ipynb #84e021c5
 def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, head_std=0.0, tokenizer=None, revision=None,
@@ -408,7 +408,7 @@ def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, 
     src = _resolve(name_or_path, what)
     kw = pretrained_kwargs(src, what, dtype, trust_remote_code, revision, attn_implementation)
     if src == "tiny": return _tiny_as_asked(tiny_value_model(char_tokenizer(), seed=seed, head_std=head_std), kw)
-    vm, info = _from_pretrained(AutoModelForSequenceClassification, src, what, num_labels=1, output_loading_info=True, **kw, **kwargs)
+    vm, info = checked_from_pretrained(AutoModelForSequenceClassification, src, what, num_labels=1, output_loading_info=True, **kw, **kwargs)
     if any(k.startswith("score.") for k in info["missing_keys"]): _init_score_head(vm, head_std, seed)
     if vm.config.pad_token_id is None:
         tok = tokenizer if tokenizer is not None else load_tokenizer(src, trust_remote_code=trust_remote_code, revision=revision,

@@ -16,7 +16,7 @@ from .config import option
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
-from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, _from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
+from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, checked_from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 from .files import fresh_output_dir, save_model_folder
 from .tracking import check_report_to, close_sinks, metric_sinks
 from .engine import LoopCheckpoints, RunGuard
@@ -169,7 +169,7 @@ def load_reward_model(name_or_path, max_length=1024, batch_size=32, normalize=No
     if n != 1: raise ValueError(f"reward model {src} has num_labels={n}: a reward model gives one score per sequence "
                                 "(num_labels=1; train one with `rlhf-nb rm`)")
     tok = load_tokenizer(src, padding_side="right", verbose=False, **opts)
-    model, info = _from_pretrained(AutoModelForSequenceClassification, src, "reward_model_path", **pretrained_kwargs(src, dtype=dtype, attn_implementation=attn_implementation, **opts),
+    model, info = checked_from_pretrained(AutoModelForSequenceClassification, src, "reward_model_path", **pretrained_kwargs(src, dtype=dtype, attn_implementation=attn_implementation, **opts),
                                                                      output_loading_info=True)
     head = [k for k in info["missing_keys"] if k.split(".")[0] in ("score", "classifier")]
     if head: raise ValueError(f"reward model {src} has no trained score head ({head[0]} is missing from the checkpoint)")
