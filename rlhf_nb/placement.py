@@ -4,25 +4,24 @@
 
 # %% ../nbs/01f_placement.ipynb #2083a9ed
 from __future__ import annotations
-import copy, dataclasses, functools, importlib.util, json, os, re, socket, time
-from contextlib import contextmanager
+import dataclasses, functools, importlib.util, json, os, re, socket, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import torch
 from .config import ConfigError, option
-from .checkpoints import rng_state, set_rng_state, torch_load, read_checked
+from .checkpoints import rng_state, set_rng_state, torch_load
 from .dist import merge_rank_metrics
-from .workers import Role, Reference, ActorRolloutWorker, CriticWorker
+from .workers import Role
+from .sharding import FSDP_ROLE_WORKERS
 
 # %% auto #0
-__all__ = ['PLACEABLE_ROLES', 'PLACEMENTS', 'FSDP_ROLE_WORKERS', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles',
-           'parse_mapping', 'ResourcePoolManager', 'run_roles', 'complete_pools', 'PlacementArgs', 'require_ray',
-           'check_placement', 'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method',
-           'worker_attr', 'last_lr', 'prepare_update', 'role_update', 'save_role', 'load_role', 'WorkerGroup',
-           'wait_all', 'RemoteRole', 'RayPlacement', 'fsdp_wanted', 'shard_module', 'local_bytes', 'FSDPWorker',
-           'FSDPActorRolloutWorker', 'FSDPCriticWorker', 'LocalPlacement', 'make_placement', 'plot_placements',
-           'step_timeline', 'plot_step_timeline', 'tensor_parallelize']
+__all__ = ['PLACEABLE_ROLES', 'PLACEMENTS', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
+           'ResourcePoolManager', 'run_roles', 'complete_pools', 'PlacementArgs', 'require_ray', 'check_placement',
+           'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method', 'worker_attr', 'last_lr',
+           'prepare_update', 'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole',
+           'RayPlacement', 'fsdp_wanted', 'LocalPlacement', 'make_placement', 'plot_placements', 'step_timeline',
+           'plot_step_timeline']
 
 # %% ../nbs/01f_placement.ipynb #41d03e48
 PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef)
@@ -452,102 +451,6 @@ def fsdp_wanted(args, world, environ=None):
     if asked and world < 2: raise ConfigError("fsdp shards over processes: launch 2 or more (--num_processes 2), or set fsdp: off")
     return asked
 
-# %% ../nbs/01f_placement.ipynb #58324e16
-def shard_module(module):
-    "FSDP2: `fully_shard` every transformer block (a `...DecoderLayer`), then the whole module; -> module (DTensor parameters)."
-    from torch.distributed.fsdp import fully_shard
-    for block in [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]: fully_shard(block)
-    fully_shard(module)
-    return module
-
-def _local(t): return t.to_local() if hasattr(t, "to_local") else t
-
-def local_bytes(module, optimizer=None):
-    "Bytes of parameters (and optimizer state) held by this process: the local shard of each tensor."
-    n = sum(_local(p).numel() * p.element_size() for p in module.parameters())
-    if optimizer is not None:
-        n += sum(_local(v).numel() * v.element_size() for st in optimizer.state.values() for v in st.values() if torch.is_tensor(v) and v.dim())
-    return n
-
-# %% ../nbs/01f_placement.ipynb #4843b618
-class FSDPWorker:
-    "Mixin for a `TrainedWorker`: FSDP2 shards instead of DDP; no-sync, clipping, reference and checkpoints that know it."
-    synced_generation = True
-    def prepare_module(self, module, lr):
-        if self.config.ref_strategy == "copy" and hasattr(module, "policy"):
-            self._ref_model = shard_module(copy.deepcopy(module.policy).eval().requires_grad_(False))
-        self._fsdp_root = shard_module(module.policy if getattr(module, "v_head", 0) is None else module)
-        params = [p for p in module.parameters() if p.requires_grad]
-        return module, torch.optim.AdamW(params, lr=lr, weight_decay=self.config.weight_decay)
-
-    def make_reference(self, strategy): return Reference(self.policy, strategy, model=getattr(self, "_ref_model", None))
-
-    @contextmanager
-    def micro_batch(self, last=True):
-        self._fsdp_root.set_requires_gradient_sync(last)
-        with self.accelerator.autocast(): yield
-
-# %% ../nbs/01f_placement.ipynb #ab7ec3d8
-def _fsdp_step(self):
-    "Clip the whole gradient's norm (a DTensor, the same on every rank), step and zero -> {'grad_norm', 'nan_skipped'}."
-    params = [p for p in self.module.parameters() if p.requires_grad]
-    norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm or float("inf"))
-    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    skipped = not bool(torch.isfinite(norm))
-    if not skipped: self.optimizer.step()
-    self.optimizer.zero_grad(set_to_none=True)
-    if not getattr(self, "_bytes_shown", False):
-        self._bytes_shown = True
-        print(f"[rank {self.accelerator.process_index}] fsdp {type(self).__name__}: holds {local_bytes(self.module, self.optimizer):,} "
-              f"of {sum(p.numel() * p.element_size() * 3 for p in params):,} parameter+optimizer bytes", flush=True)
-    return {"nan_skipped": float(skipped), **({} if skipped else {"grad_norm": float(norm)})}
-FSDPWorker.step = _fsdp_step
-
-# %% ../nbs/01f_placement.ipynb #c687c262
-def _gather_for_save(self):
-    "On every rank: the full (unsharded) weights and optimizer state, kept for rank 0's `save` / `state_dict`."
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict, StateDictOptions
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    self._full = get_model_state_dict(self.module, options=opts), get_optimizer_state_dict(self.module, self.optimizer, options=opts)
-
-def _sub(sd, prefix): return {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
-
-def _fsdp_state_dict(self): return {"optimizer": self._full[1], "scheduler": self.scheduler.state_dict()}
-
-def _fsdp_load_state_dict(self, st):
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict, StateDictOptions
-    set_optimizer_state_dict(self.module, self.optimizer, st["optimizer"], options=StateDictOptions(full_state_dict=True))
-    self.scheduler.load_state_dict(st["scheduler"])
-FSDPWorker.gather_for_save, FSDPWorker.state_dict, FSDPWorker.load_state_dict = _gather_for_save, _fsdp_state_dict, _fsdp_load_state_dict
-
-# %% ../nbs/01f_placement.ipynb #7d10a900
-def _load_full(self, prefix, folder, root):
-    "Every rank reads the full weights of `folder` and keeps its shard (`prefix`: where they sit in the worker's module)."
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, StateDictOptions
-    sd = {}
-    for f in sorted(Path(folder).glob("*.safetensors")): sd.update(read_checked(f, lambda p: load_file(str(p)), root))
-    set_model_state_dict(self.module, {prefix + k: v for k, v in sd.items()}, options=StateDictOptions(full_state_dict=True, strict=False))
-
-def _actor_save(self, folder):
-    folder = Path(folder)
-    self.policy.save_pretrained(folder / "policy", state_dict=_sub(self._full[0], "policy.")); self.tokenizer.save_pretrained(folder / "policy")
-
-def _critic_save(self, folder): self.value_model.save_pretrained(Path(folder) / "critic", state_dict=_sub(self._full[0], "value_model."))
-
-# %% ../nbs/01f_placement.ipynb #7e650f22
-class FSDPActorRolloutWorker(FSDPWorker, ActorRolloutWorker):
-    "Role.ActorRollout sharded with FSDP2 (a shared value head is not supported: use a separate critic)."
-    save = _actor_save
-    def load(self, folder, root=None): _load_full(self, "policy.", Path(folder) / "policy", root)
-
-class FSDPCriticWorker(FSDPWorker, CriticWorker):
-    "Role.Critic sharded with FSDP2."
-    save = _critic_save
-    def load(self, folder, root=None): _load_full(self, "value_model.", Path(folder) / "critic", root)
-
-FSDP_ROLE_WORKERS = {Role.ActorRollout: FSDPActorRolloutWorker, Role.Critic: FSDPCriticWorker}
-
 # %% ../nbs/01f_placement.ipynb #908d7a34
 class LocalPlacement:
     "colocate / accelerate: every role in each process (one process, or each rank that accelerate starts)."
@@ -620,16 +523,3 @@ def plot_step_timeline(bars):
     axes[-1].set_xlabel("seconds")
     fig.tight_layout()
     return fig
-
-# %% ../nbs/01f_placement.ipynb #bae74610
-def tensor_parallelize(model, world=None):
-    "Split every decoder block's attention and MLP projections over `world` ranks (DTensor, Megatron-style); -> model."
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
-    world = world or torch.distributed.get_world_size()
-    mesh = init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (world,))
-    col, row = ColwiseParallel(), RowwiseParallel()
-    plan = {"self_attn.q_proj": col, "self_attn.k_proj": col, "self_attn.v_proj": col, "self_attn.o_proj": row,
-            "mlp.gate_proj": col, "mlp.up_proj": col, "mlp.down_proj": row}
-    for block in [m for m in model.modules() if type(m).__name__.endswith("DecoderLayer")]: parallelize_module(block, mesh, plan)
-    return model

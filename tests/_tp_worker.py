@@ -1,9 +1,9 @@
 """Worker of tests/test_tensor_parallel.py (not a test itself): under torchrun with 2 CPU processes, the tiny Qwen2
-split by `rlhf_nb.placement.tensor_parallelize` gives the unsplit model's logits, runs backward, an AdamW step and
+split by `rlhf_nb.sharding.tensor_parallelize` gives the unsplit model's logits, runs backward, an AdamW step and
 `generate`; prints 'tp ok' on success."""
 import torch, torch.distributed as dist
 from rlhf_nb.models import char_tokenizer, tiny_causal_lm
-from rlhf_nb.placement import tensor_parallelize
+from rlhf_nb.sharding import tensor_parallelize
 
 dist.init_process_group("gloo")
 tok = char_tokenizer()

@@ -33,6 +33,7 @@ CHECKS = {
     "rlhf_nb.sft": "assert callable(m.greedy_accuracy) and callable(m.sft_train)",
     "rlhf_nb.ppo": "assert callable(m.RLTrainer) and m.PPOConfig().kl_coef >= 0",
     "rlhf_nb.workers": "assert m.Role.ActorRollout.name == 'ActorRollout' and m.Role.RefPolicy.name == 'RefPolicy'",
+    "rlhf_nb.sharding": "from rlhf_nb.workers import Role; assert m.FSDP_ROLE_WORKERS[Role.Critic].__name__ == 'FSDPCriticWorker'",
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
 }
 
