@@ -218,6 +218,8 @@ def _all_said():
     if distributed_world() > 1:
         with contextlib.suppress(Exception): dist.barrier()
 
+
+# %% ../nbs/04c_launch.ipynb #0cbef901
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
     status = _main(argv)
