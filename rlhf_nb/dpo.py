@@ -137,7 +137,7 @@ def precompute_ref_logps(model, encoded, pad_token_id, batch_size=64, disable_ad
 
 # %% ../nbs/03_dpo_grpo.ipynb #0e39d812
 @dataclass
-class _DPOData(DataArgs):
+class _DPOData:
     "What DPO trains, on which pairs, and where the run is written."
     model_name_or_path: str = option("tiny", "Policy to train (path or hub name; 'tiny' = the built-in tiny model). It is also the reference.")
     warm_start_dir: str | None = option(None, "With model 'tiny': SFT warm start on the arithmetic task first (rlhf_nb.sft.sft_warm_start), saved here and reused.")
@@ -172,7 +172,7 @@ class _DPOLoss(LoraArgs):
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
-class DPOConfig(_DPOLoss, CheckpointArgs, TrackingArgs, AccelerateArgs, LoadArgs, _DPOData):
+class DPOConfig(_DPOLoss, CheckpointArgs, TrackingArgs, AccelerateArgs, LoadArgs, DataArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
     learning_rate: float = option(2e-4, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
