@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import torch
-from .config import ConfigError, option, parse_config
+from .config import ConfigError, option, parse_config, DataArgs
 from .arith import make_arith
 from .prep import resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
@@ -36,13 +36,11 @@ DEMO_PRESETS = {   # (model kind, algorithm) -> the values that differ from GRPO
 
 # %% ../nbs/04a_demo.ipynb #33281fa4
 @dataclass
-class DemoArgs:
+class DemoArgs(DataArgs):
     "The whole pipeline in one command: tiny model -> SFT to a threshold -> GRPO (or PPO) -> evaluation, curves, summary."
     algo: str = option("grpo", "RL algorithm after SFT.", choices=["grpo", "ppo"])
     model_name_or_path: str = option("tiny", "'tiny' (built here, SFT first) or a chat model (folder or hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct; no SFT).")
     dataset: str = option("arith", "'arith' (built-in task) or a dataset name such as gsm8k (prepared once into data_dir).")
-    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
-    data_dir: str = option("runs/data", "Where named datasets are prepared.")
     output_dir: str = option("runs/demo", "Where metrics.jsonl, curves.png, model/ and summary.json are written.")
     sft_target_accuracy: float = option(0.3, "tiny: stop SFT once held-out accuracy reaches this.")
     sft_max_seconds: float = option(330, "tiny: stop SFT after this many seconds even below the target.")

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from . import arith, data
-from .config import option
+from .config import option, CheckpointArgs, TrackingArgs, DataArgs
 from .core import logprobs_from_logits, forward_attention_mask
 from .data import DataError, validate_rows
 from .prep import read_train_test
@@ -22,7 +22,7 @@ from .tracking import RunLog
 from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
 from .dist import Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
 from .engine import RunGuard, NanGuard, TimeBudget, make_adamw
-from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, wrap_lora, enable_gradient_checkpointing
+from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, LoraArgs, wrap_lora, enable_gradient_checkpointing
 from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
@@ -145,7 +145,6 @@ class _DPOData:
     warm_start_dir: str | None = option(None, "With model 'tiny': SFT warm start on the arithmetic task first (rlhf_nb.sft.sft_warm_start), saved here and reused.")
     output_dir: str = option("runs/dpo", "Where metrics.jsonl, checkpoints and the final policy are written.")
     dataset: str = option("arith", "'arith' (synthetic correct-vs-wrong pairs), 'hh-rlhf', or a parquet file of preference rows.")
-    dataset_source: str | None = option(None, "Local file for 'hh-rlhf' (None = load from the hub).")
     num_pairs: int = option(2000, "Training pairs to build or read (arith: prompts sampled).")
     num_eval_pairs: int = option(200, "Held-out pairs for reward accuracy / margins.")
     num_eval_prompts: int = option(200, "Held-out prompts for greedy accuracy (rule-scored data sets only).")
@@ -158,21 +157,14 @@ class _DPOData:
 REF_STRATEGIES = ("precompute", "peft")
 
 @dataclass
-class _DPOLoss:
-    "The DPO loss, its reference and the trained parameters."
+class _DPOLoss(LoraArgs):
+    "The DPO loss and its reference (LoRA and gradient checkpointing from `rlhf_nb.models.LoraArgs`)."
     beta: float = option(0.1, "Temperature of the implicit reward beta*log(pi/ref); for ipo the regularisation tau.")
     loss_type: str = option("sigmoid", "sigmoid (DPO), ipo, hinge or robust.")
     label_smoothing: float = option(0.0, "Assumed fraction of flipped labels (cDPO / robust DPO).")
     rpo_alpha: float | None = option(None, "Weight of an extra NLL loss on the chosen answers (RPO, Pang et al. 2024); None = off.")
     ref_strategy: str = option("precompute", "precompute: reference log-probs computed once before training (no reference in memory); peft: adapter-disabled base model each step (needs use_peft).")
     precompute_ref_batch_size: int = option(64, "Pairs per forward pass when precomputing reference log-probs.")
-    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
-    lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: int = option(32, "LoRA scaling alpha.")
-    lora_dropout: float = option(0.0, "LoRA dropout.")
-    lora_target_modules: list[str] | None = option(None, "Modules that get LoRA (None = PEFT's default for the architecture).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute "
-                                          "(turns share_prompt_prefix off: it needs the KV cache in training).")
     share_prompt_prefix: bool = option(True, "Run each pair's prompt once and both answers on its keys/values (same numbers, "
                                        "less work); False runs the prompt with each answer.")
     parallel_halves: str = option("auto", "Each step's pairs in two halves, forward and backward side by side in threads with "
@@ -182,7 +174,7 @@ class _DPOLoss:
 
 # %% ../nbs/03_dpo_grpo.ipynb #a14b6e78
 @dataclass
-class DPOConfig(_DPOLoss, AccelerateArgs, LoadArgs, _DPOData):
+class DPOConfig(_DPOLoss, CheckpointArgs, TrackingArgs, AccelerateArgs, LoadArgs, DataArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
     learning_rate: float = option(2e-4, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
@@ -194,18 +186,14 @@ class DPOConfig(_DPOLoss, AccelerateArgs, LoadArgs, _DPOData):
     warmup_steps: int = option(0, "Linear warm-up steps of the learning rate.")
     logging_steps: int = option(10, "Log training metrics every N steps.")
     eval_steps: int = option(50, "Evaluate every N steps (and at the start and the end).")
-    save_steps: int = option(0, "Write output_dir/checkpoint-N every N steps (0 = none; output_dir/final is written at the end either way).")
-    save_total_limit: int | None = option(2, "Keep at most this many checkpoints (oldest deleted; None = all).")
-    resume_from_checkpoint: str | None = option(None, "A DPO checkpoint folder, or 'latest' (the newest complete one in output_dir).")
     max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.")
-    report_to: str = option("none", "'none', 'tensorboard', 'wandb' or 'trackio', comma separated (metrics.jsonl is always written).")
 
     def __post_init__(self):
+        super().__post_init__()                                           # the option groups' checks
         if self.loss_type not in DPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, not {self.loss_type!r}")
         if self.ref_strategy not in REF_STRATEGIES: raise ValueError(f"ref_strategy must be one of {', '.join(REF_STRATEGIES)}, not {self.ref_strategy!r}")
         for k in ("per_device_train_batch_size", "precompute_ref_batch_size", "logging_steps", "eval_steps", "max_nan_steps"):
             if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        if self.save_steps < 0: raise ValueError(f"save_steps must be >= 0 (0 = no checkpoints), got {self.save_steps}")
         if not self.beta > 0: raise ValueError(f"beta must be > 0, got {self.beta}")
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base with the adapter disabled)")

@@ -22,11 +22,11 @@ from .config import ConfigError, option
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'SHORT_ATTENTION_TOKENS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready',
            'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads', 'decode_threads',
-           'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'wrap_lora', 'is_peft_model',
-           'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options', 'PeftArgs',
-           'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs', 'checked_from_pretrained',
-           'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model', 'custom_code_folder',
-           'check_model_path', 'short_sequence_attention', 'set_attention']
+           'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'lora_targets', 'wrap_lora',
+           'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options',
+           'LoraArgs', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs',
+           'checked_from_pretrained', 'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model',
+           'custom_code_folder', 'check_model_path', 'short_sequence_attention', 'set_attention']
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -218,11 +218,16 @@ def disable_dropout(model):
         if cfg is not None and isinstance(getattr(cfg, k, None), float): setattr(cfg, k, 0.0)
     return model
 
+def lora_targets(target_modules):
+    "PEFT's `target_modules` for an option value: None, 'all-linear', 'q_proj,v_proj', or a list of names (each may hold commas)."
+    if target_modules is None: return None
+    names = [n for t in ([target_modules] if isinstance(target_modules, str) else target_modules) for n in str(t).split(",") if n]
+    return "all-linear" if names == ["all-linear"] else names
+
 def wrap_lora(policy, r=16, alpha=32, dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"):
     "Wrap `policy` in a PEFT LoRA adapter (only the adapter trains; the base stays the starting policy); SEQ_CLS also trains the head."
     from peft import LoraConfig, get_peft_model
-    if isinstance(target_modules, str) and target_modules != "all-linear": target_modules = target_modules.split(",")
-    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules, task_type=task_type)
+    cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=lora_targets(target_modules), task_type=task_type)
     return get_peft_model(policy, cfg)
 
 def is_peft_model(model):
@@ -275,14 +280,20 @@ def load_options(a, revision=True):
 
 # %% ../nbs/00d_models.ipynb #814dd03d
 @dataclass
-class PeftArgs:
-    "LoRA, gradient checkpointing and 4/8-bit loading of the model a stage trains."
-    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights (the saved folder has it merged in).")
+class LoraArgs:
+    "LoRA and gradient checkpointing of the model a stage trains (`trl.ModelConfig`'s names)."
+    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
     lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: int = option(32, "LoRA alpha.")
+    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).")
     lora_dropout: float = option(0.0, "LoRA dropout.")
-    lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute.")
+    lora_target_modules: Optional[list[str]] = option(["all-linear"], "Layers that get an adapter: all-linear (every linear layer but "
+                                                      "the output head), or module names such as q_proj v_proj (space or comma separated).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute (turns "
+                                          "share_prompt_prefix off where a trainer has it: sharing needs the KV cache in training).")
+
+@dataclass
+class PeftArgs(LoraArgs):
+    "`LoraArgs` plus 4/8-bit loading of the model a stage trains (QLoRA)."
     load_in_4bit: bool = option(False, "Load the base in 4 bits with bitsandbytes (QLoRA; GPU only, needs use_peft).")
     load_in_8bit: bool = option(False, "Load the base in 8 bits with bitsandbytes (GPU only, needs use_peft).")
     bnb_4bit_quant_type: str = option("nf4", "4-bit data type: nf4 or fp4.", choices=["nf4", "fp4"])

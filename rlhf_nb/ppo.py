@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 from accelerate.utils import gather_object
 from transformers import AutoConfig, set_seed
-from .config import option, parse_config
+from .config import option, parse_config, CheckpointArgs, TrackingArgs
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
                           get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
 from .files import agree_disk_full, caught_disk_full
@@ -27,7 +27,7 @@ from .engine import NanGuard, TimeBudget, RunGuard
 from .prep import load_split, held_out_spec
 from .dataset import RLHFDataset, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
-                            wrap_lora, is_peft_model, enable_gradient_checkpointing)
+                            wrap_lora, is_peft_model, enable_gradient_checkpointing, LoraArgs)
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
 from .sft import greedy_accuracy, generate_greedy, sft_warm_start
@@ -76,21 +76,14 @@ class BatchArgs:
 
 # %% ../nbs/02_ppo.ipynb #4be6ddd3
 @dataclass
-class OptimArgs:
-    "AdamW, its schedule, and LoRA."
+class OptimArgs(LoraArgs):
+    "AdamW and its schedule (LoRA and gradient checkpointing from `rlhf_nb.models.LoraArgs`)."
     learning_rate: float = option(3e-5, "Actor learning rate (AdamW).")
     critic_learning_rate: Optional[float] = option(None, "Critic learning rate (default: 3 x learning_rate).")
     weight_decay: float = option(0.0, "AdamW weight decay.")
     max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
     lr_scheduler_type: str = option("constant", "transformers scheduler name: constant, linear, cosine, ...")
     warmup_steps: int = option(0, "Scheduler warm-up steps.")
-    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
-    lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: int = option(32, "LoRA alpha.")
-    lora_dropout: float = option(0.0, "LoRA dropout.")
-    lora_target_modules: str = option("all-linear", "LoRA target modules (comma separated, or all-linear).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass of the policy and critic: less memory, "
-                                          "more compute (turns share_prompt_prefix off: it needs the KV cache in training).")
 
 # %% ../nbs/02_ppo.ipynb #b011c962
 @dataclass
@@ -123,19 +116,15 @@ class ObjectiveArgs:
 
 # %% ../nbs/02_ppo.ipynb #6505ab0b
 @dataclass
-class LoopArgs(AccelerateArgs):
-    "Steps, evaluation, checkpoints, logging and execution (bf16 and ddp_timeout from the engine's `AccelerateArgs`)."
+class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
+    "Steps, evaluation, logging and execution (checkpoints and trackers from `rlhf_nb.config`'s groups, bf16 and ddp_timeout from the engine's `AccelerateArgs`)."
     max_steps: int = option(200, "Number of RL steps (rollout + update).")
     max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).")
     eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).")
     eval_batch_size: int = option(128, "Prompts per batch in the greedy evaluation.")
-    save_steps: int = option(0, "Checkpoint every this many steps (0 = only at the end).")
-    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
     save_final: bool = option(True, "Write a checkpoint at the end of training.")
     logging_steps: int = option(1, "Write metrics every this many steps.")
     seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
-    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Extra metric sinks besides metrics.jsonl: none, tensorboard, wandb, trackio (comma separated).")
     fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); False runs "
                               "this notebook's plain trainer. Read by rlhf_nb.algos.rl_trainer_class, which the command line uses.")
     parallel_roles: str = option("auto", "Fast paths: run independent roles side by side in threads (old-policy/reference/critic "
@@ -153,6 +142,7 @@ class LoopArgs(AccelerateArgs):
 class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
+        super().__post_init__()                                              # the option groups' checks
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base under the LoRA adapter)")
         if self.ref_strategy == "none" and self.kl_coef != 0:

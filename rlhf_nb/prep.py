@@ -14,12 +14,13 @@ import yaml
 from .data import DataError, ROW_KINDS, SPLITS, Splits, HH_SUBSETS, HH_VARIANTS, validate_rows, write_parquet, read_rows
 from .data import prep_gsm8k, prep_math, prep_hh, prep_hellaswag, prep_rows
 from .arith import make_arith, prep_arith
+from .config import DataArgs
 
 
 # %% auto #0
 __all__ = ['PREPROCESSORS', 'register_preprocessor', 'prep_once', 'write_splits', 'hold_out', 'prep', 'config_argv', 'prep_main',
-           'load_or_prep', 'DataArgs', 'check_dataset', 'resolve_dataset', 'load_split', 'read_train_test',
-           'held_out_spec', 'parse_split', 'select_split']
+           'load_or_prep', 'check_dataset', 'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec',
+           'parse_split', 'select_split']
 
 # %% ../nbs/00b_prep.ipynb #b72cd3f1
 PREPROCESSORS = {}
@@ -191,13 +192,6 @@ def load_or_prep(name, out, **options):
 def _rank_prefix():
     world = int(os.environ.get("WORLD_SIZE", "1") or 1)
     return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
-
-@dataclass
-class DataArgs:
-    "Where a named dataset comes from and where it is prepared."
-    dataset_source: Optional[str] = field(default=None, metadata={"help": "Local copy (file or folder) of a named dataset such as gsm8k; default: load it from the hub."})
-    data_dir: str = field(default="runs/data", metadata={"help": "Where named datasets are prepared (DATA_DIR/NAME/{train,test}.parquet), once per machine."})
-
 
 # %% ../nbs/00b_prep.ipynb #1ea7ccf0
 def check_dataset(spec):

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .config import option
+from .config import option, CheckpointArgs, TrackingArgs, DataArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
@@ -106,7 +106,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
 
 # %% ../nbs/01b_reward_model.ipynb #0c7da1ca
 @dataclass
-class RMArgs(LoadArgs, PeftArgs):
+class RMArgs(CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
     "Bradley-Terry reward-model training on preference pairs (rlhf_nb.reward_model.train_reward_model)."
     model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
     dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
@@ -123,12 +123,6 @@ class RMArgs(LoadArgs, PeftArgs):
     margin: Optional[float] = option(None, "Margin in the Bradley-Terry loss (None = off).")
     center_rewards_coefficient: Optional[float] = option(None, "Weight pulling mean rewards to 0 (TRL's name; None = off).")
     seed: int = option(0, "Seed.")
-    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
-    data_dir: str = option("runs/data", "Where named datasets are prepared.")
-    save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
-    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
-    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Trackers that get each step's metrics as it is logged: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/01b_reward_model.ipynb #fb6854dd
 def _rm_pairs(a):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from transformers import GenerationConfig
-from .config import ConfigError, option
+from .config import ConfigError, option, CheckpointArgs, TrackingArgs, DataArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
@@ -249,7 +249,7 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
 
 # %% ../nbs/01c_sft.ipynb #b2073116
 @dataclass
-class SFTArgs(LoadArgs, PeftArgs):
+class SFTArgs(CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
     "Supervised fine-tuning with a completion-only loss (rlhf_nb.sft.sft_train)."
     model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
     dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
@@ -269,12 +269,6 @@ class SFTArgs(LoadArgs, PeftArgs):
     tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
                                                   "(dialogue data); default: the character tokenizer.")
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
-    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
-    data_dir: str = option("runs/data", "Where named datasets are prepared.")
-    save_steps: int = option(0, "Checkpoint (output_dir/checkpoint-N) every this many steps (0 = only when stopped by a signal).")
-    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints (oldest deleted).")
-    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder, or 'latest' (the newest in output_dir).")
-    report_to: str = option("none", "Trackers that get each step's metrics as it is logged: none, tensorboard, wandb, trackio (comma separated).")
 
 # %% ../nbs/01c_sft.ipynb #d50dec75
 def _sft_model(a, rows):
@@ -320,7 +314,7 @@ def run_sft(a):
 
 # %% ../nbs/01c_sft.ipynb #f0a7c9a4
 @dataclass
-class EvalArgs(LoadArgs):
+class EvalArgs(DataArgs, LoadArgs):
     "Greedy held-out accuracy of a saved policy (rlhf_nb.sft.greedy_accuracy, scored by rlhf_nb.rewards)."
     model_name_or_path: Optional[str] = option(None, "The policy to evaluate: a saved folder (e.g. runs/demo/model) or a hub name. Required.")
     dataset: str = option("arith", "'arith', a dataset name (gsm8k, math), or a parquet file/folder of rule-scored rows.")
@@ -330,8 +324,6 @@ class EvalArgs(LoadArgs):
     max_new_tokens: Optional[int] = option(None, "Generation limit (default: from the data's completions, or 32).")
     output_file: Optional[str] = option(None, "Also write the result as JSON here.")
     seed: int = option(0, "Seed of the arith task.")
-    dataset_source: Optional[str] = option(None, "Local copy of a named dataset (default: the hub).")
-    data_dir: str = option("runs/data", "Where named datasets are prepared.")
 
 def run_eval(a):
     "Greedy accuracy of the policy in `a` (EvalArgs): -> {model, dataset, split, accuracy, mean_score, n, samples}."

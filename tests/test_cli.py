@@ -2,13 +2,20 @@
 stderr line, non-zero exit, nothing written), the training subcommands on the tiny model, the chain
 sft -> eval -> plot, the module entry point under `accelerate launch`, and the demo's hub code path (offline,
 on local GSM8K rows and a tiny model standing in for Qwen)."""
-import dataclasses, json, os, shutil, subprocess, sys
+import dataclasses, importlib, json, os, pkgutil, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
 
+import rlhf_nb as rlhf_nb_pkg
 from rlhf_nb import launch, demo
 from rlhf_nb.algos import GRPOConfig
+from rlhf_nb.config import CheckpointArgs, TrackingArgs, DataArgs, option_declarations, repeated_options
+from rlhf_nb.dpo import DPOConfig
+from rlhf_nb.models import LoadArgs, LoraArgs, PeftArgs
+from rlhf_nb.ppo import PPOConfig
+from rlhf_nb.reward_model import RMArgs
+from rlhf_nb.sft import SFTArgs
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -68,6 +75,43 @@ def test_stage_help_lists_every_option(tmp_path, name, dc):
         assert f"--{f.name}" in out and " ".join(f.metadata["help"].split()[:3]) in out, f.name
 
 
+# --- option groups: each shared option declared once -----------------------------------------------------------
+
+def option_classes():
+    "Every option dataclass defined in the package's modules."
+    out = []
+    for m in pkgutil.iter_modules(rlhf_nb_pkg.__path__):
+        if m.name.startswith("_"): continue
+        mod = importlib.import_module(f"rlhf_nb.{m.name}")
+        out += [v for v in vars(mod).values() if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == mod.__name__]
+    return list(dict.fromkeys(out))
+
+
+GROUPS = (CheckpointArgs, TrackingArgs, DataArgs, LoraArgs, PeftArgs, LoadArgs)    # (the demo's bf16 is tri-state: None = on with CUDA)
+# Options each stage declares for itself: their defaults or meanings differ by stage (max_steps counts RL steps in
+# ppo/grpo and optimizer steps in sft, rm and dpo; learning_rate is 3e-5, 3e-4, 2e-4 or 3e-3; eval_size counts
+# prompts or pairs). A name that is not here and is declared twice should join a group in rlhf_nb.config instead.
+PER_STAGE = {"beta", "bf16", "dataset", "eval_size", "eval_steps", "learning_rate", "logging_steps", "loss_type", "lr_scheduler_type",
+             "max_completion_length", "max_grad_norm", "max_length", "max_nan_steps", "max_prompt_length", "max_seconds", "max_steps",
+             "model_name_or_path", "n_train", "num_generations", "output_dir", "overwrite_output_dir", "per_device_train_batch_size",
+             "ref_strategy", "seed", "share_prompt_prefix", "warm_start_dir", "warmup_steps", "weight_decay"}
+
+
+def test_every_shared_option_is_declared_by_its_group_only():
+    classes = option_classes()
+    assert {SFTArgs, RMArgs, DPOConfig, GRPOConfig, demo.DemoArgs} <= set(classes)
+    decl = option_declarations(classes)
+    for g in GROUPS:
+        for name in g.__dict__["__annotations__"]:
+            assert decl[name] == [g], f"{name} is declared by {[c.__name__ for c in decl[name]]}, not only by {g.__name__}"
+    assert set(repeated_options(classes)) <= PER_STAGE, set(repeated_options(classes)) - PER_STAGE
+
+
+def test_one_default_for_lora_target_modules():
+    defaults = {c.__name__: c().lora_target_modules for c in (SFTArgs, RMArgs, DPOConfig, PPOConfig, GRPOConfig)}
+    assert set(map(tuple, defaults.values())) == {("all-linear",)}, defaults
+
+
 # --- bad configuration: one line, status != 0, nothing written ----------------------------------------------
 
 BAD = {
@@ -89,6 +133,8 @@ BAD = {
     "config file missing": (["ppo", "--config", "nope.yaml"], "config file not found: nope.yaml"),
     "inconsistent options": (["ppo", "--ref_strategy", "none"], "kl_coef=0"),
     "unknown dataset": (["grpo", "--dataset", "gsm9k"], "--dataset 'gsm9k': not 'arith'"),
+    "negative save_steps (RL)": (["grpo", "--save_steps", "-1"], "save_steps must be >= 0"),
+    "negative save_total_limit (sft)": (["sft", "--save_total_limit", "-2"], "save_total_limit must be >= 0"),
 }
 
 
