@@ -11,7 +11,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
-from tqdm.auto import tqdm
 from . import arith, data
 from .config import option, CheckpointArgs, TrackingArgs, DataArgs
 from .core import logprobs_from_logits, forward_attention_mask
@@ -20,8 +19,8 @@ from .prep import read_train_test
 from .files import save_atomic, write_json_atomic
 from .tracking import RunLog
 from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .dist import Interrupted, AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
-from .engine import RunGuard, NanGuard, TimeBudget, make_adamw
+from .dist import AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
+from .engine import RunGuard, RunLoop, NanGuard, TimeBudget, make_adamw
 from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, LoraArgs, wrap_lora, enable_gradient_checkpointing
 from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
@@ -479,35 +478,21 @@ def save(self: DPOTrainer, path=None):
 # %% ../nbs/03_dpo_grpo.ipynb #b3cca697
 @patch
 def _fit(self: DPOTrainer):
-    "The loop of `fit`: steps until `total_steps`, `max_seconds` or a stop signal, with evaluation, metrics, checkpoints."
+    "The loop of `fit`: steps until `total_steps`, `max_seconds` or a stop signal in the engine's `RunLoop`."
     c, acc = self.config, self.accelerator
     if c.resume_from_checkpoint and self.resumed_from is None: self.load_checkpoint(c.resume_from_checkpoint)
     if c.ref_strategy == "precompute" and "train" not in self.ref: self.prepare_reference()
-    total, budget = self.total_steps, TimeBudget(c.max_seconds)
+    budget = TimeBudget(c.max_seconds)
     self.run_log.open(self.step)
-    if self.step == 0: self.run_log.log({"step": 0, "time": 0.0, **self.evaluate()})
     self.model_wrapped.train()
-    bar = tqdm(total=total, initial=self.step, desc="dpo", disable=bool(os.environ.get("TQDM_DISABLE")) or not acc.is_main_process)
-    while self.step < total:
-        m = self.training_step(self.next_batch())
-        self.step += 1; bar.update(1)
-        finite = not m["nan_skipped"]
-        self.nan_guard.update(finite, self.step)
-        out_of_time = budget.spent(acc)
-        row = {"step": self.step, "time": round(budget.elapsed, 2), "learning_rate": self.scheduler.get_last_lr()[0], **m}
-        if self.nan_guard.exhausted: self.run_log.log(row); self.nan_guard.check(self.step)
-        last = self.step == total or out_of_time
-        evaluating = last or self.step % c.eval_steps == 0
-        if evaluating: row.update(self.evaluate())
-        if last or not finite or self.step % c.logging_steps == 0 or (evaluating and (self.eval_encoded or self.eval_prompts)):
-            self.run_log.log(row)
-        saved = bool(c.save_steps and self.step % c.save_steps == 0 and finite)
-        if saved: self.save_checkpoint()
-        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
-            bar.close()
-            raise Interrupted(sig, self.step, Path(c.output_dir) / f"checkpoint-{self.step}" if saved else self.save_checkpoint())
-        if out_of_time: break
-    bar.close()
+    def step(n):
+        m = self.training_step(self.next_batch()); self.step = n
+        return {"learning_rate": self.scheduler.get_last_lr()[0], **m}
+    RunLoop(step, self.total_steps, self.step, evaluate=self.evaluate if self.eval_encoded or self.eval_prompts else None,
+            eval_due=lambda n: n % c.eval_steps == 0, eval_at_start=True, log=self.run_log.log,
+            log_due=lambda n: n % c.logging_steps == 0, save=lambda n: self.save_checkpoint(), save_steps=c.save_steps,
+            finite=lambda m: not m["nan_skipped"], nan_guard=self.nan_guard, budget=budget, time_key="time", stop=self._stop,
+            accelerator=acc, bar=dict(desc="dpo", disable=bool(os.environ.get("TQDM_DISABLE")) or not acc.is_main_process)).run()
     return self.history
 
 # %% ../nbs/03_dpo_grpo.ipynb #33726674

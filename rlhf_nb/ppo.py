@@ -11,7 +11,6 @@ from types import SimpleNamespace
 from typing import Optional
 import torch
 from fastcore.basics import patch
-from tqdm.auto import tqdm
 from accelerate.utils import gather_object
 from transformers import AutoConfig, set_seed
 from .config import option, parse_config, CheckpointArgs, TrackingArgs
@@ -21,9 +20,9 @@ from .files import agree_disk_full, caught_disk_full
 from .tracking import RunLog, read_metrics, step_samples, append_samples, cut_samples
 from .checkpoints import (write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load,
                                  set_rng_state)
-from .dist import (accelerate_cpu, merge_rank_metrics, Interrupted, AccelerateArgs, check_accelerate_args,
+from .dist import (accelerate_cpu, merge_rank_metrics, AccelerateArgs, check_accelerate_args,
                           make_accelerator)
-from .engine import NanGuard, TimeBudget, RunGuard
+from .engine import NanGuard, TimeBudget, RunGuard, RunLoop
 from .prep import load_split, held_out_spec
 from .dataset import RLHFDataset, render_prompt
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
@@ -713,37 +712,26 @@ def record_samples(self: RLTrainer, data, n=4):
     agree_disk_full(box[0], path)                                       # a full disk: every rank stops with the same line
 
 # %% ../nbs/02_ppo.ipynb #956ec73c
+def _rl_postfix(m):
+    "The progress bar's postfix after a step: score, KL and held-out accuracy where the row has them."
+    return {s: round(m[k], 3) for k, s in (("score/mean", "score"), ("kl/mean", "kl"), ("eval/accuracy", "acc")) if k in m}
+
 @patch
 def _fit(self: RLTrainer):
-    "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal), evaluation, metrics, checkpoints."
+    "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal) in the engine's `RunLoop`."
     if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
     if acc.is_main_process: cut_samples(cfg.output_dir, self.global_step)     # a resumed run replays the steps after its checkpoint
     acc.wait_for_everyone()
-    if cfg.eval_steps and self.global_step == 0: self.run_log.log({"step": 0, "time/elapsed": 0.0, **self.evaluate()})
-    budget, guard, want_save, saved = TimeBudget(cfg.max_seconds), NanGuard(cfg.max_nan_steps, "lower learning_rate or check the rewards"), False, False
-    bar = tqdm(total=cfg.max_steps, initial=self.global_step, disable=cfg.disable_tqdm or not acc.is_main_process, desc="rl")
-    while self.global_step < cfg.max_steps:
-        m = self.step(); self.global_step += 1
-        out_of_time = budget.spent(acc)             # rank 0 decides for every rank
-        if cfg.eval_steps and (self.global_step % cfg.eval_steps == 0 or self.global_step >= cfg.max_steps or out_of_time):
-            m.update(self.evaluate())
-        m.update({"step": self.global_step, "time/elapsed": budget.elapsed})
-        guard.update(not (m.get("actor/nan_skipped", 0) or m.get("critic/nan_skipped", 0)), self.global_step)
-        if guard.exhausted or self.global_step % cfg.logging_steps == 0 or "eval/n" in m: self.run_log.log(m)
-        if guard.exhausted: bar.close(); guard.check(self.global_step)
-        bar.update(1)
-        bar.set_postfix({s: round(m[k], 3) for k, s in (("score/mean", "score"), ("kl/mean", "kl"), ("eval/accuracy", "acc")) if k in m})
-        want_save = want_save or bool(cfg.save_steps and self.global_step % cfg.save_steps == 0)
-        saved = want_save and not guard.streak                          # a save due in a NaN streak waits for a clean step
-        if saved: self.save_checkpoint(); want_save = False
-        if sig := self._stop.requested(acc):                             # SIGTERM/SIGINT: this step is done; save, stop
-            bar.close()
-            raise Interrupted(sig, self.global_step, Path(cfg.output_dir) / f"checkpoint-{self.global_step}" if saved else self.save_checkpoint())
-        if out_of_time: break
-    bar.close()
-    if cfg.save_final and not saved and not guard.streak: self.save_checkpoint()
+    def step(n): m = self.step(); self.global_step = n; return m
+    RunLoop(step, cfg.max_steps, self.global_step, evaluate=self.evaluate if cfg.eval_steps and self.eval_dataset else None,
+            eval_due=lambda n: n % cfg.eval_steps == 0, eval_at_start=bool(cfg.eval_steps), log=self.run_log.log,
+            log_due=lambda n: n % cfg.logging_steps == 0, save=lambda n: self.save_checkpoint(), save_steps=cfg.save_steps,
+            save_final=cfg.save_final, finite=lambda m: not (m.get("actor/nan_skipped", 0) or m.get("critic/nan_skipped", 0)),
+            nan_guard=NanGuard(cfg.max_nan_steps, "lower learning_rate or check the rewards"), budget=TimeBudget(cfg.max_seconds),
+            time_key="time/elapsed", stop=self._stop, accelerator=acc, postfix=_rl_postfix,
+            bar=dict(desc="rl", disable=cfg.disable_tqdm or not acc.is_main_process)).run()
     return self.history
 
 # %% ../nbs/02_ppo.ipynb #fa3e4f45

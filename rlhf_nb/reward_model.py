@@ -19,7 +19,7 @@ from .prep import load_split
 from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, checked_from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
 from .files import fresh_output_dir, save_model_folder
 from .tracking import check_report_to, close_sinks, metric_sinks
-from .engine import LoopCheckpoints, RunGuard
+from .engine import LoopCheckpoints, RunGuard, RunLoop, TimeBudget, keep_rows
 from .rewards import REWARD_REGISTRY, ModelReward, UnknownRewardError, as_reward_fields, compute_score, pad_right, score_ids
 
 logger = logging.getLogger("rlhf_nb.reward_model")
@@ -67,6 +67,20 @@ def pairwise_accuracy(model, tokenizer, rows, max_length=512, batch_size=64):
     sc, sj = score_ids(model, c, tokenizer.pad_token_id, batch_size), score_ids(model, j, tokenizer.pad_token_id, batch_size)
     return ((sc > sj).float() + 0.5 * (sc == sj).float()).mean().item()
 
+# %% ../nbs/01b_reward_model.ipynb #f0efa9fa
+def _rm_step(model, opt, sched, c_ids, j_ids, pad, g, batch_size, margin=None, center_rewards_coefficient=None):
+    "`RunLoop`'s step for the reward model: pairs drawn with generator `g`, chosen and rejected in one forward, one AdamW step."
+    dev, n_rows = next(model.parameters()).device, len(c_ids)
+    def step(n):
+        idx = torch.randint(n_rows, (min(batch_size, n_rows),), generator=g).tolist()
+        ids, attn = pad_right([c_ids[i] for i in idx] + [j_ids[i] for i in idx], pad)          # [2B, L]
+        r = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits[:, 0]             # [2B]
+        rc, rj = r[:len(idx)], r[len(idx):]
+        loss = bradley_terry_loss(rc, rj, margin, center_rewards_coefficient)
+        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
+        return dict(loss=loss.item(), train_accuracy=(rc > rj).float().mean().item(), margin=(rc - rj).mean().item())
+    return step
+
 # %% ../nbs/01b_reward_model.ipynb #42f9fa26
 def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=32, max_steps=200, max_length=512,
                        eval_steps=50, margin=None, center_rewards_coefficient=None, weight_decay=0.0, max_seconds=None, seed=0,
@@ -75,32 +89,23 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
     if not rows: raise ValueError("train_reward_model: no preference rows")
     for k in ("prompt", "chosen", "rejected"):
         if k not in rows[0]: raise DataError(f"train_reward_model: preference rows need column {k!r} (row 0 has {sorted(rows[0])})")
-    from tqdm.auto import tqdm
     c_ids, j_ids, n_trunc = _pair_ids(tokenizer, rows, max_length)
     if n_trunc: logger.warning(f"train_reward_model: {n_trunc} of {len(rows)} pairs truncated to max_length={max_length}")
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))  # 10 warm-up steps, then constant
-    dev, pad, hist, t0 = next(model.parameters()).device, tokenizer.pad_token_id, [], time.perf_counter()
-    st = checkpoints.restore(model, opt, sched) if checkpoints else None          # an engine.LoopCheckpoints: resume
+    hist, st = [], checkpoints.restore(model, opt, sched) if checkpoints else None  # an engine.LoopCheckpoints: resume
     if st: hist = st["history"]; g.set_state(torch.tensor(st["generator"], dtype=torch.uint8))
+    def evaluate():
+        acc = pairwise_accuracy(model, tokenizer, eval_rows, max_length); model.train()
+        return {"eval_accuracy": acc}
+    state = lambda n: dict(step=n, history=hist, generator=g.get_state().tolist())
     model.train()
-    for step in tqdm(range((st["step"] if st else 0) + 1, max_steps + 1), desc="reward model", leave=False, mininterval=5):
-        idx = torch.randint(len(rows), (min(batch_size, len(rows)),), generator=g).tolist()
-        ids, attn = pad_right([c_ids[i] for i in idx] + [j_ids[i] for i in idx], pad)          # [2B, L]
-        r = model(input_ids=ids.to(dev), attention_mask=attn.to(dev)).logits[:, 0]             # [2B]
-        rc, rj = r[:len(idx)], r[len(idx):]
-        loss = bradley_terry_loss(rc, rj, margin, center_rewards_coefficient)
-        opt.zero_grad(); loss.backward(); opt.step(); sched.step()
-        rec = dict(step=step, loss=loss.item(), train_accuracy=(rc > rj).float().mean().item(),
-                   margin=(rc - rj).mean().item(), seconds=time.perf_counter() - t0)
-        done = step == max_steps or (max_seconds is not None and rec["seconds"] > max_seconds)
-        if eval_rows and (step % eval_steps == 0 or done):
-            rec["eval_accuracy"] = pairwise_accuracy(model, tokenizer, eval_rows, max_length); model.train()
-        hist.append(rec)
-        if on_log: on_log(rec)                                                   # live: trackers see the step now
-        if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, history=hist, generator=g.get_state().tolist()))
-        if done: break
+    RunLoop(_rm_step(model, opt, sched, c_ids, j_ids, tokenizer.pad_token_id, g, batch_size, margin, center_rewards_coefficient),
+            max_steps, st["step"] if st else 0, evaluate=evaluate if eval_rows else None, eval_due=lambda n: n % eval_steps == 0,
+            log=keep_rows(hist, on_log, checkpoints and checkpoints.run_log.log), budget=TimeBudget(max_seconds), time_key="seconds",
+            bar=dict(desc="reward model", leave=False, mininterval=5),
+            **(checkpoints.loop_options(model, tokenizer, opt, sched, state) if checkpoints else {})).run()
     model.eval()
     return hist
 

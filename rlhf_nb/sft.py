@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Optional
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from .config import ConfigError, option, CheckpointArgs, TrackingArgs, DataArgs
 from .data import DataError
@@ -22,7 +21,7 @@ from .models import check_model_path, load_causal_lm, load_tokenizer, train_toke
 from .rewards import compute_score
 from .files import fresh_output_dir, save_model_folder, write_json_atomic
 from .tracking import check_report_to, close_sinks, metric_sinks
-from .engine import LoopCheckpoints, RunGuard
+from .engine import LoopCheckpoints, RunGuard, RunLoop, TimeBudget, keep_rows
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
@@ -121,6 +120,22 @@ def _lr_lambda(scheduler, warmup_steps, total_steps):
         return 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))))
     return f
 
+# %% ../nbs/01c_sft.ipynb #df117dde
+def _sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length=None, max_grad_norm=1.0):
+    "`RunLoop`'s step for SFT: the next batch of the epoch-wise shuffle `order` (a list it consumes), one clipped AdamW step."
+    device = next(model.parameters()).device
+    def step(n):
+        while len(order) < batch_size: order.extend(rng.sample(range(len(data)), len(data)))   # epoch-wise shuffling
+        idx = order[:batch_size]; del order[:batch_size]
+        batch = {k: v.to(device) for k, v in sft_collate([data[i] for i in idx], pad, max_length).items()}
+        loss = model(**batch).loss
+        loss.backward()
+        if max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+        lr = opt.param_groups[0]["lr"]
+        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), "lr": lr}
+    return step
+
 # %% ../nbs/01c_sft.ipynb #d81a20b6
 def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=128, max_steps=1000, eval_steps=25,
               target_accuracy=None, max_seconds=None, seed=0, lr_scheduler_type="constant", warmup_steps=50,
@@ -131,42 +146,26 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     if target_accuracy is not None and not eval_rows: raise ValueError("sft_train: target_accuracy needs eval_rows")
     data = [encode_sft_row(tokenizer, r) for r in rows]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(lr_scheduler_type, warmup_steps, max_steps))
-    fine = fine_eval_steps or max(1, eval_steps // 5)
-    rng, order, history, t0, last_acc = random.Random(seed), [], [], time.time(), 0.0
+    rng, order, history, live = random.Random(seed), [], [], {"acc": 0.0}
     st = checkpoints.restore(model, opt, sched, rng) if checkpoints else None      # an engine.LoopCheckpoints: resume
-    if st: order, history, last_acc = st["order"], st["history"], st["last_acc"]
+    if st: order, history, live["acc"] = st["order"], st["history"], st["last_acc"]
+    def evaluate():
+        ev = greedy_accuracy(model, tokenizer, eval_rows, batch_size=eval_batch_size, score_fn=score_fn); live["acc"] = ev["accuracy"]
+        return {"eval_accuracy": ev["accuracy"], "eval_mean_score": ev["mean_score"]}
+    fine = fine_eval_steps or max(1, eval_steps // 5)                   # denser once accuracy passes a third of the target
+    every = lambda: fine if target_accuracy is not None and live["acc"] >= target_accuracy / 3 else eval_steps
+    state = lambda n: dict(step=n, order=order, history=history, last_acc=live["acc"])
     was_training = model.training
     model.train()
-    bar = tqdm(total=max_steps, initial=st["step"] if st else 0, desc="sft", disable=not progress)
-    for step in range((st["step"] if st else 0) + 1, max_steps + 1):
-        while len(order) < batch_size: order += rng.sample(range(len(data)), len(data))  # epoch-wise shuffling
-        idx, order = order[:batch_size], order[batch_size:]
-        batch = {k: v.to(device) for k, v in sft_collate([data[i] for i in idx], pad, max_length).items()}
-        loss = model(**batch).loss
-        loss.backward()
-        if max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-        lr = opt.param_groups[0]["lr"]
-        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-        rec = {"step": step, "loss": loss.item(), "lr": lr, "seconds": time.time() - t0}
-        history.append(rec)
-        done = max_seconds is not None and rec["seconds"] >= max_seconds
-        every = fine if target_accuracy is not None and last_acc >= target_accuracy / 3 else eval_steps
-        if eval_rows and (step % every == 0 or step == max_steps or done):
-            ev = greedy_accuracy(model, tokenizer, eval_rows, batch_size=eval_batch_size, score_fn=score_fn)
-            last_acc = ev["accuracy"]
-            rec.update(eval_accuracy=ev["accuracy"], eval_mean_score=ev["mean_score"], seconds=time.time() - t0)
-            bar.set_postfix(loss=f"{rec['loss']:.3f}", acc=f"{ev['accuracy']:.3f}")
-            if target_accuracy is not None and ev["accuracy"] >= target_accuracy: done = True
-            done = done or (max_seconds is not None and rec["seconds"] >= max_seconds)
-        bar.update(1)
-        if on_log: on_log(rec)                                                   # live: trackers see the step now
-        if checkpoints: checkpoints.after_step(rec, model, tokenizer, opt, sched, dict(step=step, order=order, history=history,
-                                                                                     last_acc=last_acc), rng)
-        if done: break
-    bar.close()
+    RunLoop(_sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length, max_grad_norm), max_steps,
+            st["step"] if st else 0, evaluate=evaluate if eval_rows else None, eval_due=lambda n: n % every() == 0,
+            log=keep_rows(history, on_log, checkpoints and checkpoints.run_log.log), budget=TimeBudget(max_seconds),
+            time_key="seconds", done=lambda r: target_accuracy is not None and r.get("eval_accuracy", -1.0) >= target_accuracy,
+            bar=dict(desc="sft", disable=not progress),
+            postfix=lambda r: dict(loss=f"{r['loss']:.3f}", acc=f"{r['eval_accuracy']:.3f}") if "eval_accuracy" in r else None,
+            **(checkpoints.loop_options(model, tokenizer, opt, sched, state, rng) if checkpoints else {})).run()
     model.train(was_training)
     return history
 
