@@ -41,6 +41,7 @@ def _float_chunks(logits, temperature=1.0, chunk_size=None):
 
 def _cat(parts, shape, device): return (torch.cat(parts) if parts else torch.zeros(0, device=device)).reshape(shape)
 
+# %% ../nbs/01e_speed.ipynb #1ca2b304
 class _LogProb(torch.autograd.Function):
     "log softmax(z/T)[y] over [N,V] logits in row chunks; the backward recomputes each chunk instead of keeping float32 copies."
     @staticmethod
@@ -209,6 +210,7 @@ def generator_sampling(gc, generator, keep_scores=False):
     gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.output_scores = False, None, None, None, False
     return gc, LogitsProcessorList(warp + [sampler]), sampler
 
+# %% ../nbs/01e_speed.ipynb #b7f84598
 @torch.no_grad()
 def fast_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
                      synced=False, groups=None, generator=None):
