@@ -343,7 +343,8 @@ def nb_ppo(p):
 @arm("nb_dpo")
 def nb_dpo(p):
     C.set_threads(p["threads"])
-    DPOConfig, DPOLoop = need("dpo", "DPOConfig", "DPOLoop")
+    DPOConfig = need("dpo", "DPOConfig")
+    pick = C.nb("dpo", "dpo_trainer_class")                 # the class `rlhf-nb dpo` runs (older checkouts: DPOLoop)
     tok = C.tokenizer()
     model = C.policy(tok, seed=p.get("seed", 0), path=p.get("init_path"), shape=p.get("shape"))
     steps = p["warmup_steps"] + p["steps"]
@@ -358,7 +359,7 @@ def nb_dpo(p):
     cfg = DPOConfig(**{k: v for k, v in kw.items() if k in names})
     os.environ["TQDM_DISABLE"] = "1"
     t0 = time.perf_counter()
-    loop = DPOLoop(cfg, model, tok, rows)
+    loop = (pick(cfg) if pick else need("dpo", "DPOLoop"))(cfg, model, tok, rows)
     loop.prepare_reference()
     stamps = [(0, *now())]
     t_ref = stamps[0][1]

@@ -72,7 +72,7 @@ def _grpo_trainer_sharing(tok, share):
 
 
 def shared_prefix(reps=3):
-    """GRPO round CPU time with each prompt run once per group (`share_prompt_prefix`, rlhf_nb.workers.shared_prefix_logits)
+    """GRPO round CPU time with each prompt run once per group (`share_prompt_prefix`, rlhf_nb.speed.shared_prefix_logits)
     against once per row (interleaved), and the log-prob agreement of the two forwards."""
     import torch
     from rlhf_nb.workers import Role
@@ -110,10 +110,10 @@ def imports():
 
 def rollout(reps=3, sizes=("demo", "6.3M", "33.6M")):
     """Wall seconds of one GRPO rollout (16 prompts x 8 completions, 16 new tokens, each prompt prefilled once): one
-    batch (`generate_rollout`) against two row chunks side by side (`split_rollout`), fp32 and bf16 autocast."""
+    batch (`fast_rollout`) against two row chunks side by side (`split_rollout`), fp32 and bf16 autocast."""
     import torch
-    from rlhf_nb.workers import generate_rollout, make_generation_config, prompt_groups
-    from rlhf_nb.fast import split_rollout
+    from rlhf_nb.workers import make_generation_config
+    from rlhf_nb.speed import fast_rollout, prompt_groups, split_rollout
     from rlhf_nb.models import set_attention
     C.set_threads(2)
     tok, out = C.tokenizer(), {}
@@ -133,7 +133,7 @@ def rollout(reps=3, sizes=("demo", "6.3M", "33.6M")):
                     ts.append(time.perf_counter() - t0)
                 return round(statistics.median(ts[1:]), 3)
             args = (model, ids, mask, gc, tok.eos_token_id, tok.pad_token_id)
-            one = timed(lambda: generate_rollout(*args, groups=groups))
+            one = timed(lambda: fast_rollout(*args, groups=groups))
             two = timed(lambda: split_rollout(*args, groups=groups, parts=2))
             out[f"{size}/{prec}"] = {"one_batch_s": one, "two_chunks_s": two, "ratio": round(two / one, 3)}
     return out

@@ -20,73 +20,29 @@ __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'L
            'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask']
 
 # %% ../nbs/01a_core.ipynb #f534922c
-def _row_chunks(n_rows, n_cols, chunk_size=None, budget=1 << 22):
-    "Slices of `range(n_rows)` holding about `budget` elements of width `n_cols` each (or `chunk_size` rows)."
-    step = chunk_size or max(1, budget // max(1, n_cols))
-    return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
-
-def _upcast(z):
+def _float32(logits):
     "Half-precision logits to float32 (float32/float64 stay as they are)."
-    return z.float() if z.dtype in (torch.float16, torch.bfloat16) else z
+    return logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
 
-def _float_chunks(logits, temperature=1.0, chunk_size=None):
-    "Yield (rows, float32 logits/temperature) over chunks of `logits` flattened to [N,V]: one chunk upcast at a time."
-    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
-    flat = logits.reshape(-1, logits.shape[-1])
-    slices = _row_chunks(flat.shape[0], flat.shape[1], chunk_size)
-    # one `split` (a single backward node that concatenates the chunks' gradients once), not one slice per chunk:
-    # each slice's backward would write a zero tensor the size of all the logits, n_chunks times over
-    for s, part in zip(slices, flat.split(slices[0].stop - slices[0].start) if slices else []):
-        z = _upcast(part)
-        yield s, (z / temperature if temperature != 1.0 else z)
-
-def _cat(parts, shape, device): return (torch.cat(parts) if parts else torch.zeros(0, device=device)).reshape(shape)
-
-class _LogProb(torch.autograd.Function):
-    "log softmax(z/T)[y] over [N,V] logits in row chunks; the backward recomputes each chunk instead of keeping float32 copies."
-    @staticmethod
-    def forward(ctx, flat, idx, temperature, step):
-        lp = torch.empty(flat.shape[0], dtype=torch.promote_types(flat.dtype, torch.float32), device=flat.device)
-        lse = torch.empty_like(lp)
-        for i in range(0, flat.shape[0], step):
-            z = _upcast(flat[i:i + step]) / temperature
-            lse[i:i + step] = torch.logsumexp(z, -1)
-            lp[i:i + step] = z.gather(-1, idx[i:i + step, None]).squeeze(-1) - lse[i:i + step]
-        ctx.save_for_backward(flat, idx, lse)
-        ctx.temperature, ctx.step = temperature, step
-        return lp
-
-    @staticmethod
-    def backward(ctx, g):                          # d lp_n / d z_nv = ([v = y_n] - softmax(z_n/T)_v) / T
-        flat, idx, lse = ctx.saved_tensors
-        T, step, grad = ctx.temperature, ctx.step, torch.empty_like(flat)
-        for i in range(0, flat.shape[0], step):
-            gi = g[i:i + step, None]
-            d = (_upcast(flat[i:i + step]) / T - lse[i:i + step, None]).exp_().mul_(-gi)
-            d.scatter_add_(-1, idx[i:i + step, None], gi)
-            grad[i:i + step] = (d / T).to(flat.dtype)
-        return grad, None, None, None
-
-def logprobs_from_logits(logits, labels, temperature=1.0, chunk_size=None):
+def logprobs_from_logits(logits, labels, temperature=1.0):
     "Log-probability of each label under `softmax(logits/temperature)`: logits[...,V], labels[...] -> [...] (float32)."
     if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
-    flat, idx = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
-    if flat.shape[0] == 0: return torch.zeros(labels.shape, device=logits.device)
-    step = _row_chunks(flat.shape[0], flat.shape[1], chunk_size)[0].stop
-    return _LogProb.apply(flat, idx, float(temperature), step).reshape(labels.shape)
+    logp = (_float32(logits) / temperature).log_softmax(-1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
 
 # %% ../nbs/01a_core.ipynb #9edcd1f3
-def entropy_from_logits(logits, temperature=1.0, chunk_size=None):
+def entropy_from_logits(logits, temperature=1.0):
     "Entropy (nats) of `softmax(logits/temperature)` at each position: logits[...,V] -> [...] (float32)."
-    out = [torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1) for _, z in _float_chunks(logits, temperature, chunk_size)]
-    return _cat(out, logits.shape[:-1], logits.device)
+    if temperature <= 0: raise ValueError(f"temperature must be > 0, not {temperature}")
+    z = _float32(logits) / temperature
+    return torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)
 
-def logprobs_and_entropy(logits, labels, temperature=1.0, chunk_size=None, with_entropy=True, entropy_grad=False):
+def logprobs_and_entropy(logits, labels, temperature=1.0, with_entropy=True, entropy_grad=False):
     "Both `logprobs_from_logits` and `entropy_from_logits`: logits[...,V], labels[...] -> ([...], [...] or None)."
-    lp = logprobs_from_logits(logits, labels, temperature, chunk_size)
+    lp = logprobs_from_logits(logits, labels, temperature)
     if not with_entropy: return lp, None
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):   # a metric unless it is a bonus
-        return lp, entropy_from_logits(logits, temperature, chunk_size)
+        return lp, entropy_from_logits(logits, temperature)
 
 # %% ../nbs/01a_core.ipynb #6af70663
 def masked_sum(x, mask, dim=None):

@@ -25,14 +25,13 @@ from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwarg
 from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
-from .workers import shared_prefix_logits, sequence_positions
-from .fast import run_concurrently, resolve_parallel_roles
+from .speed import run_concurrently, resolve_parallel_roles, collate_shared_prompt, shared_sequence_logps
 
 # %% auto #0
 __all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'dpo_loss', 'encode_pair', 'collate_pairs',
-           'collate_shared_prompt', 'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions',
-           'arith_preference_rows', 'check_pairs', 'encode_pairs', 'resolve_parallel_halves', 'DPOTrainer',
-           'pair_metrics', 'dpo_data', 'dpo_train', 'run_dpo']
+           'sequence_logps', 'precompute_ref_logps', 'DPOConfig', 'sample_completions', 'arith_preference_rows',
+           'check_pairs', 'encode_pairs', 'DPOTrainer', 'pair_metrics', 'resolve_parallel_halves', 'FastDPOTrainer',
+           'dpo_trainer_class', 'dpo_data', 'dpo_train', 'run_dpo']
 
 # %% ../nbs/03_dpo_grpo.ipynb #28e341f5
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", "robust")
@@ -86,31 +85,13 @@ def collate_pairs(encoded, pad_token_id):
         comp[i, len(p):len(p) + len(c)] = 1
     return {"input_ids": ids, "attention_mask": attn, "completion_mask": comp}
 
-# %% ../nbs/03_dpo_grpo.ipynb #4993a4d6
-def collate_shared_prompt(encoded, pad_token_id):
-    "B encoded pairs -> 2B rows [left-padded prompt | right-padded answer] (chosen first): input_ids, attention_mask, position_ids, completion_mask [2B,P+R]"
-    P = max(len(e["prompt_ids"]) for e in encoded)
-    R = max(len(e[k]) for e in encoded for k in ("chosen_ids", "rejected_ids"))
-    seqs = [(e["prompt_ids"], e[k]) for k in ("chosen_ids", "rejected_ids") for e in encoded]
-    ids = torch.full((len(seqs), P + R), pad_token_id, dtype=torch.long)
-    attn, comp = torch.zeros(len(seqs), P + R, dtype=torch.long), torch.zeros(len(seqs), P + R, dtype=torch.long)
-    for i, (p, c) in enumerate(seqs):
-        ids[i, P - len(p):P], ids[i, P:P + len(c)] = torch.tensor(p), torch.tensor(c)
-        attn[i, P - len(p):P + len(c)] = 1
-        comp[i, P:P + len(c)] = 1
-    return {"input_ids": ids, "attention_mask": attn, "position_ids": sequence_positions(attn), "completion_mask": comp}
-
 # %% ../nbs/03_dpo_grpo.ipynb #9dce4ddb
-def sequence_logps(model, input_ids, attention_mask, completion_mask, position_ids=None):
-    "Sum of log pi(token | prefix) over completion tokens only. [N,L] -> [N]; with `position_ids`, the layout of `collate_shared_prompt`."
+def sequence_logps(model, input_ids, attention_mask, completion_mask):
+    "Sum of log pi(token | prefix) over completion tokens only: right-padded [N,L] (`collate_pairs`) -> [N]."
     first = int(completion_mask.float().argmax(-1).min())                 # earliest completion position in the batch
     keep = input_ids.shape[1] - first                                     # logits for positions first-1 .. L-2
-    if position_ids is None:
-        logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                       logits_to_keep=keep).logits
-    else:                                                                 # rows i and N/2+i: one pair, one prompt forward
-        pair = torch.arange(input_ids.shape[0] // 2, device=input_ids.device).repeat(2)
-        logits = shared_prefix_logits(model, input_ids, attention_mask, position_ids, keep, pair)
+    logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                   logits_to_keep=keep).logits
     labels, mask = input_ids[:, first:], completion_mask[:, first:]      # [N, L-first]
     return (logprobs_from_logits(logits, labels) * mask).sum(-1)
 
@@ -122,16 +103,15 @@ def _adapter_off(model, disable_adapter):
     return model.disable_adapter()
 
 @torch.no_grad()
-def precompute_ref_logps(model, encoded, pad_token_id, batch_size=64, disable_adapter=False, share_prompt_prefix=False):
+def precompute_ref_logps(model, encoded, pad_token_id, batch_size=64, disable_adapter=False, collate=collate_pairs, logps=sequence_logps):
     "Reference log-probs of every pair, computed once: encoded pairs (N) -> (ref_chosen_logps[N], ref_rejected_logps[N]) on the CPU"
     was_training, dev = model.training, next(model.parameters()).device
     model.eval()
     chosen, rejected = [], []
-    collate = collate_shared_prompt if share_prompt_prefix else collate_pairs
     with _adapter_off(model, disable_adapter):
         for i in range(0, len(encoded), batch_size):
             batch = {k: v.to(dev) for k, v in collate(encoded[i:i + batch_size], pad_token_id).items()}
-            c, r = sequence_logps(model, **batch).chunk(2)
+            c, r = logps(model, **batch).chunk(2)
             chosen.append(c.float().cpu()); rejected.append(r.float().cpu())
     model.train(was_training)
     return torch.cat(chosen), torch.cat(rejected)
@@ -268,13 +248,6 @@ def encode_pairs(tokenizer, rows, config, source="pairs"):
     return [encode_pair(tokenizer, r["prompt"], r["chosen"], r["rejected"], config.max_length, config.max_prompt_length)
             for r in check_pairs(rows, source)]
 
-# %% ../nbs/03_dpo_grpo.ipynb #d9904d62
-def resolve_parallel_halves(mode, world, device, ref_strategy="precompute"):
-    "Whether a DPO step's halves run side by side: 'on' / 'off', or 'auto' = one CPU process, >= 2 threads, precomputed reference."
-    if mode == "on" and world > 1:
-        raise ValueError("parallel_halves='on' needs a single process: under DDP each backward pass all-reduces the gradients; use 'auto' or 'off'")
-    return ref_strategy == "precompute" and resolve_parallel_roles(mode, world, device)
-
 # %% ../nbs/03_dpo_grpo.ipynb #62b35799
 class DPOTrainer:
     "Direct Preference Optimization of `model` on preference rows: the engine's run shell, data-parallel through `accelerate`."
@@ -296,14 +269,14 @@ class DPOTrainer:
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits
-        self.share_prompt = config.share_prompt_prefix and not config.gradient_checkpointing
-        self.halves = resolve_parallel_halves(config.parallel_halves, self.world, acc.device, config.ref_strategy)
         warm = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
         self.run_log = RunLog(config.output_dir, config.report_to, dataclasses.asdict(config), acc.is_main_process)
         self.nan_guard = NanGuard(config.max_nan_steps, hint="lower learning_rate or check the pairs (max_nan_steps)")
         self.step, self.ref, self.order, self.resumed_from = 0, {}, [], None
 
+    pair_collate = staticmethod(collate_pairs)                       # the batch layout of a list of encoded pairs
+    pair_logps = staticmethod(sequence_logps)                         # and the forward that scores it: one pass per sequence
     history = property(lambda self: self.run_log.history, doc="The rows logged so far (also in output_dir/metrics.jsonl).")
     global_batch = property(lambda self: self.config.per_device_train_batch_size * self.world,
                             doc="Pairs per optimiser step over all processes.")
@@ -320,7 +293,7 @@ def prepare_reference(self: DPOTrainer):
     with self.accelerator.autocast():                                    # the precision of the training forward
         for split, enc in (("train", self.train_encoded), ("eval", self.eval_encoded)):
             if enc: self.ref[split] = precompute_ref_logps(self.model, enc, pad, c.precompute_ref_batch_size,
-                                                           share_prompt_prefix=self.share_prompt)
+                                                           collate=self.pair_collate, logps=self.pair_logps)
     return self
 
 # %% ../nbs/03_dpo_grpo.ipynb #4c6df69d
@@ -332,7 +305,7 @@ def _ref_logps(self: DPOTrainer, split, idx, batch):
         c, r = self.ref[split]
         return c[idx].to(self.accelerator.device), r[idx].to(self.accelerator.device)
     with torch.no_grad(), self.model.disable_adapter():
-        return sequence_logps(self.model, **batch).chunk(2)
+        return self.pair_logps(self.model, **batch).chunk(2)
 
 # %% ../nbs/03_dpo_grpo.ipynb #209d19d6
 @patch
@@ -340,11 +313,10 @@ def pair_terms(self: DPOTrainer, idx, split="train"):
     "Per-pair terms of pairs `idx` of `split`: -> dict of [b] tensors (DPO losses, implicit rewards, policy log-probs, lengths)."
     c = self.config
     encoded = self.train_encoded if split == "train" else self.eval_encoded
-    collate = collate_shared_prompt if self.share_prompt else collate_pairs
-    batch = collate([encoded[i] for i in idx], self.tokenizer.pad_token_id)
+    batch = self.pair_collate([encoded[i] for i in idx], self.tokenizer.pad_token_id)
     batch = {k: v.to(self.accelerator.device) for k, v in batch.items()}
     with self.accelerator.autocast():
-        pc, pr = sequence_logps(self.model_wrapped if split == "train" else self.model, **batch).chunk(2)   # [b], [b] float32
+        pc, pr = self.pair_logps(self.model_wrapped if split == "train" else self.model, **batch).chunk(2)   # [b], [b] float32
         rc, rr = self._ref_logps(split, torch.as_tensor(idx), batch)
     lens_c, lens_r = batch["completion_mask"].sum(-1).float().chunk(2)
     losses, cr, rj = dpo_loss(pc, pr, rc, rr, c.beta, c.loss_type, c.label_smoothing, lens_c, lens_r)
@@ -410,20 +382,18 @@ def total_steps(self: DPOTrainer):
 
 # %% ../nbs/03_dpo_grpo.ipynb #e303d29a
 @patch
+def forward_backward(self: DPOTrainer, mine):
+    "Loss and metrics of this process's pairs `mine`, and the backward of the loss. -> (loss, metrics)"
+    loss, m = self.compute_loss(mine)
+    self.accelerator.backward(loss)                        # every process, NaN or not: DDP averages the gradients here
+    return loss, m
+
+@patch
 def training_step(self: DPOTrainer, idx):
     "One optimiser step on the global batch `idx` (this process computes its slice). -> metrics averaged over processes"
     acc, mine = self.accelerator, idx[self.rank::self.world]
     self.optimizer.zero_grad(set_to_none=True)
-    if self.halves and len(mine) >= 2:                    # two halves side by side, each adding its share of the gradient
-        def half(part):
-            t = self.pair_terms(part); acc.backward(self.batch_loss(t, len(mine)))
-            return {k: v.detach() for k, v in t.items()}
-        parts = run_concurrently([partial(half, p) for p in (mine[:len(mine) // 2], mine[len(mine) // 2:])])
-        t = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-        loss, m = self.batch_loss(t), pair_metrics(t, self.config.rpo_alpha)
-    else:
-        loss, m = self.compute_loss(mine)
-        acc.backward(loss)                                # every process, NaN or not: DDP averages the gradients here
+    loss, m = self.forward_backward(mine)
     grad_norm = acc.clip_grad_norm_(self.model_wrapped.parameters(), self.config.max_grad_norm)
     vals = torch.tensor([loss.item(), *m.values()], dtype=torch.float64, device=acc.device)
     if self.world > 1: vals = acc.reduce(vals, "mean")
@@ -501,6 +471,37 @@ def fit(self: DPOTrainer):
     "Train (or continue from `resume_from_checkpoint`); -> the logged rows (also in output_dir/metrics.jsonl)."
     with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
 
+# %% ../nbs/03_dpo_grpo.ipynb #d9904d62
+def resolve_parallel_halves(mode, world, device, ref_strategy="precompute"):
+    "Whether a DPO step's halves run side by side: 'on' / 'off', or 'auto' = one CPU process, >= 2 threads, precomputed reference."
+    if mode == "on" and world > 1:
+        raise ValueError("parallel_halves='on' needs a single process: under DDP each backward pass all-reduces the gradients; use 'auto' or 'off'")
+    return ref_strategy == "precompute" and resolve_parallel_roles(mode, world, device)
+
+# %% ../nbs/03_dpo_grpo.ipynb #65a80093
+class FastDPOTrainer(DPOTrainer):
+    "`DPOTrainer` on the speed paths: each pair's prompt run once (`share_prompt_prefix`), halves side by side (`parallel_halves`)."
+    def __init__(self, config, *args, **kw):
+        super().__init__(config, *args, **kw)
+        self.share_prompt = config.share_prompt_prefix and not config.gradient_checkpointing
+        if self.share_prompt: self.pair_collate, self.pair_logps = collate_shared_prompt, shared_sequence_logps
+        self.halves = resolve_parallel_halves(config.parallel_halves, self.world, self.accelerator.device, config.ref_strategy)
+
+@patch
+def forward_backward(self: FastDPOTrainer, mine):
+    "`DPOTrainer.forward_backward`, the two halves of `mine` side by side in threads when `halves`. -> (loss, metrics)"
+    if not self.halves or len(mine) < 2: return DPOTrainer.forward_backward(self, mine)
+    def half(part):
+        t = self.pair_terms(part); self.accelerator.backward(self.batch_loss(t, len(mine)))
+        return {k: v.detach() for k, v in t.items()}
+    parts = run_concurrently([partial(half, p) for p in (mine[:len(mine) // 2], mine[len(mine) // 2:])])
+    t = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    return self.batch_loss(t), pair_metrics(t, self.config.rpo_alpha)
+
+def dpo_trainer_class(config):
+    "The trainer `config` runs (and the command line): `FastDPOTrainer`, or the plain `DPOTrainer` when both speed paths are off."
+    return DPOTrainer if not config.share_prompt_prefix and config.parallel_halves == "off" else FastDPOTrainer
+
 # %% ../nbs/03_dpo_grpo.ipynb #cce0ca43
 def dpo_data(config, policy=None, tokenizer=None):
     "(train_pairs, eval_pairs, eval_prompts) for `config.dataset`: 'arith', 'hh-rlhf' or a parquet file/folder of preference rows."
@@ -540,7 +541,7 @@ def _eval_curves(history):
 
 def dpo_train(config, model=None, tokenizer=None):
     "Load the policy, build pairs, train with `DPOTrainer`, save to output_dir/final. -> summary dict (history, evals, paths)"
-    trainer, t0 = DPOTrainer.from_config(config, model, tokenizer), time.time()
+    trainer, t0 = dpo_trainer_class(config).from_config(config, model, tokenizer), time.time()
     trainer.fit()
     return {"steps": trainer.step, "train_seconds": round(time.time() - t0, 1), "n_pairs": len(trainer.train_encoded),
             **_eval_curves(trainer.history), "final_model": trainer.save(), "output_dir": config.output_dir,
@@ -550,7 +551,7 @@ def dpo_train(config, model=None, tokenizer=None):
 def run_dpo(cfg, data_args=None):
     "Train `cfg` (a DPOConfig), data-parallel under `accelerate launch`; the main process saves and writes summary.json."
     t0 = time.time()
-    trainer = DPOTrainer.from_config(cfg)
+    trainer = dpo_trainer_class(cfg).from_config(cfg)
     hist = trainer.fit()
     sums = gather_checksums(trainer.accelerator, trainer.model)
     summary = {"algo": "dpo", "steps": trainer.step, "world_size": trainer.world, "param_checksums": sums,

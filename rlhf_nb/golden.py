@@ -10,7 +10,7 @@ import transformers
 from .models import load_tokenizer
 from .ppo import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
-from .dpo import DPOConfig, DPOTrainer
+from .dpo import DPOConfig, DPOTrainer, dpo_trainer_class
 
 # %% auto #0
 __all__ = ['RL_COMMON', 'GROUP_RL', 'GOLDEN_RUNS', 'DPO_RUN', 'GOLDEN_METRICS', 'GOLDEN_NAMES', 'GOLDEN_DIR', 'RTOL', 'ATOL',
@@ -70,7 +70,7 @@ def golden_run(name):
     if name not in GOLDEN_NAMES: raise ValueError(f"unknown golden run {name!r}; known: {', '.join(GOLDEN_NAMES)}")
     with tempfile.TemporaryDirectory() as d, one_thread():
         if name == "dpo":
-            tr = DPOTrainer.from_config(DPOConfig(output_dir=d, **DPO_RUN)).prepare_reference()
+            tr = dpo_trainer_class(DPOConfig(**DPO_RUN)).from_config(DPOConfig(output_dir=d, **DPO_RUN)).prepare_reference()
             return _keep([r for r in tr.fit() if "loss" in r])
         cls, kw = GOLDEN_RUNS[name]
         cfg = cls(output_dir=d, **{**RL_COMMON, **kw})

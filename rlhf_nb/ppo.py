@@ -67,8 +67,8 @@ class BatchArgs:
     num_ppo_epochs: int = option(2, "Passes of PPO updates over each batch of episodes.")
     max_prompt_length: int = option(256, "Prompts longer than this (in tokens) are dropped from the dataset.")
     max_completion_length: int = option(16, "Maximum new tokens per response (also Dr. GRPO's constant loss normaliser).")
-    share_prompt_prefix: bool = option(True, "With num_generations > 1: run each prompt once per group for the policy and reference "
-                                       "forwards and share its keys/values with the group's completions (same numbers, less work).")
+    share_prompt_prefix: bool = option(True, "Speed path, honoured by the fast trainer's workers (rlhf_nb.fast; the plain RLTrainer runs every prompt): with num_generations > 1, "
+                                       "prefill and forward each prompt once per group and share its keys/values with the group's completions (same numbers, less work).")
     temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
     top_k: int = option(0, "Top-k sampling (0 = off).")
     top_p: float = option(1.0, "Nucleus sampling (1.0 = off).")
@@ -511,16 +511,13 @@ def update_plan(self: RLTrainer, data, perms=None):
 
 # %% ../nbs/02_ppo.ipynb #da6ae0ca
 @patch
-def _old_log_probs(self: RLTrainer, data, idx, logprob): return data["old_log_probs"][idx]
-
-@patch
 def actor_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
     "Actor: log-probs of rows `idx`, `actor_loss` (+ a shared head's value loss), backward of loss·weight -> stats."
     cfg, actor, mask = self.config, self.workers[Role.ActorRollout], data["response_mask"][idx]
     with actor.micro_batch(last):
         lp, ent, v = actor.forward(data, idx, with_entropy=True)
         ref = data["ref_log_probs"][idx] if cfg.use_kl_loss and self.reference.active else None
-        loss, st = actor_loss(lp, self._old_log_probs(data, idx, lp), data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
+        loss, st = actor_loss(lp, data["old_log_probs"][idx], data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
                               ref_logprob=ref, kl_coef=self.kl_ctl.value, kl_estimator=cfg.kl_estimator, entropy=ent,
                               entropy_coef=cfg.entropy_coef, loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length,
                               cliprange=cfg.cliprange, cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high,

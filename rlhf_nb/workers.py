@@ -4,24 +4,22 @@
 
 # %% ../nbs/01d_workers.ipynb #fcf56724
 from __future__ import annotations
-import copy, enum, threading, warnings
+import copy, enum
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
-from transformers import DynamicCache, GenerationConfig, get_scheduler
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import GenerationConfig, get_scheduler
 from .core import logprobs_from_logits, logprobs_and_entropy, eos_response_mask, forward_attention_mask
 from .checkpoints import load_weights, torch_load
 from .engine import make_adamw
-from .models import intra_op_threads, decode_threads, param_bytes, disable_dropout, wrap_lora, is_peft_model
+from .models import param_bytes, disable_dropout, wrap_lora, is_peft_model
 
 # %% auto #0
-__all__ = ['Role', 'Reference', 'causal_lm_logits', 'quiet_cache_rename', 'shared_prefix_logits', 'reference_memory_table',
-           'TokenValueModel', 'ActorModule', 'make_generation_config', 'sequence_positions', 'shared_prompt_cache',
-           'GeneratorSampler', 'generator_sampling', 'rollout_batch', 'generate_rollout', 'prompt_groups',
-           'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker', 'RewardWorker']
+__all__ = ['Role', 'Reference', 'causal_lm_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
+           'make_generation_config', 'sequence_positions', 'rollout_batch', 'generate_rollout', 'make_scheduler',
+           'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker', 'RewardWorker']
 
 # %% ../nbs/01d_workers.ipynb #f2b403df
 class Role(enum.Enum):
@@ -61,62 +59,26 @@ def _inputs_but_last(input_ids, attention_mask, position_ids):
     return dict(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
                 position_ids=position_ids[:, :-1], use_cache=False)
 
-def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last, groups=None):
+def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last):
     "Logits predicting the last `n_last` tokens: [B,T] inputs -> logits [B,n_last,V] (only those positions hit the LM head)."
-    if groups is not None:                                               # rows of one group share their first T-n_last tokens
-        uniq, inv = torch.unique(groups, return_inverse=True)
-        if len(uniq) < len(groups): return shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv)
     return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
-
-# %% ../nbs/01d_workers.ipynb #96d033e9
-_quiet = {"lock": threading.Lock(), "depth": 0, "entry": None}
-
-@contextmanager
-def quiet_cache_rename():
-    """Silence transformers' notice that `past_key_values` is being renamed `cache` (5.2x): it would print into every run's
-    log. Threads may enter it at once (`warnings.catch_warnings` may not: each restores the filters it saw on entry)."""
-    with _quiet["lock"]:
-        if _quiet["depth"] == 0:
-            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
-            _quiet["entry"] = warnings.filters[0]
-        _quiet["depth"] += 1
-    try: yield
-    finally:
-        with _quiet["lock"]:
-            _quiet["depth"] -= 1
-            if _quiet["depth"] == 0 and _quiet["entry"] in warnings.filters:
-                warnings.filters.remove(_quiet["entry"])
-                getattr(warnings, "_filters_mutated", lambda: None)()
-
-def shared_prefix_logits(model, input_ids, attention_mask, position_ids, n_last, inv):
-    "`causal_lm_logits` running each shared prompt once: `inv`[B] numbers the groups whose rows share the first T-n_last tokens."
-    B, T = input_ids.shape; P = T - n_last
-    first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
-    cache = DynamicCache()
-    with quiet_cache_rename():
-        head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P], position_ids=position_ids[first, :P],
-                     past_key_values=cache, use_cache=True, logits_to_keep=1)
-    for layer in cache.layers:                                           # [G,h,P,d] -> [B,h,P,d]; gradients sum back per group
-        layer.keys, layer.values = layer.keys[inv], layer.values[inv]
-    first_logits = head.logits[inv]                                      # [B,1,V]: predicts the first response token
-    if n_last == 1: return first_logits
-    with quiet_cache_rename():
-        tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1], position_ids=position_ids[:, P:-1],
-                     past_key_values=cache, use_cache=True)
-    return torch.cat([first_logits, tail.logits], 1)                     # [B,n_last,V]
 
 # %% ../nbs/01d_workers.ipynb #be381b8b
 @patch
-@torch.no_grad()
-def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0, groups=None):
-    "Reference log-probs of `responses` (the last R tokens of `input_ids`): [B,T] -> [B,R]."
+@contextmanager
+def as_model(self: Reference):
+    "Context giving the model that computes the reference: the frozen copy, or the policy with its adapter disabled."
     if self.strategy == "none": raise ValueError("ref_strategy='none' has no reference log-probs")
-    R = responses.shape[1]
-    if self.strategy == "copy":
-        logits = causal_lm_logits(self.model, input_ids, attention_mask, position_ids, R, groups)
+    if self.strategy == "copy": yield self.model
     else:
-        with self.policy.disable_adapter():
-            logits = causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, R, groups)
+        with self.policy.disable_adapter(): yield self.policy
+
+@patch
+@torch.no_grad()
+def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0):
+    "Reference log-probs of `responses` (the last R tokens of `input_ids`): [B,T] -> [B,R]."
+    with self.as_model() as model:
+        logits = causal_lm_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
     return logprobs_from_logits(logits, responses, temperature)
 
 # %% ../nbs/01d_workers.ipynb #2d13bb19
@@ -164,9 +126,8 @@ class ActorModule(nn.Module):
             self.v_head = nn.Linear(hidden, 1)
             nn.init.zeros_(self.v_head.weight); nn.init.zeros_(self.v_head.bias)
 
-    def forward(self, input_ids, attention_mask, position_ids, n_last, groups=None):
-        if self.v_head is None:
-            return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last, groups), None
+    def forward(self, input_ids, attention_mask, position_ids, n_last):
+        if self.v_head is None: return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last), None
         backbone, lm = _backbone_and_head(self.policy)
         h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state[:, -n_last:]
         return lm.get_output_embeddings()(h), self.v_head(h).squeeze(-1).float()
@@ -184,43 +145,6 @@ def sequence_positions(attention_mask):
     return (attention_mask.cumsum(-1) - 1).clamp_min(0)
 
 # %% ../nbs/01d_workers.ipynb #ff80be86
-@torch.no_grad()
-def shared_prompt_cache(model, input_ids, attention_mask, groups):
-    "KV cache of each row's prompt but its last token, each group's prompt run once: [B,P] prompts -> DynamicCache of [B,P-1]."
-    inv = torch.unique(groups, return_inverse=True)[1]
-    B = len(groups)
-    first = torch.empty(int(inv.max()) + 1, dtype=torch.long, device=inv.device).scatter_(0, inv, torch.arange(B, device=inv.device))
-    cache, m = DynamicCache(), attention_mask[first, :-1]
-    with quiet_cache_rename():
-        model(input_ids=input_ids[first, :-1], attention_mask=m, position_ids=sequence_positions(m), past_key_values=cache,
-              use_cache=True, logits_to_keep=1)
-    for layer in cache.layers: layer.keys, layer.values = layer.keys[inv], layer.values[inv]     # [G,h,P-1,d] -> [B,h,P-1,d]
-    return cache
-
-class GeneratorSampler(LogitsProcessor):
-    "The last logits processor: samples each row's next token with its own `torch.Generator` and keeps only that token's score."
-    def __init__(self, generator, keep_scores=False): self.generator, self.scores = generator, ([] if keep_scores else None)
-    def __call__(self, input_ids, scores):                               # scores [B,V]: float32, already warped
-        if self.scores is not None: self.scores.append(scores.clone())
-        picked = torch.multinomial(torch.softmax(scores, -1), 1, generator=self.generator)   # [B,1], as generate samples
-        return torch.full_like(scores, -float("inf")).scatter_(1, picked, 0.0)
-
-_OTHER_WARPERS = ("min_p", "typical_p", "top_h", "epsilon_cutoff", "eta_cutoff")
-
-def generator_sampling(gc, generator, keep_scores=False):
-    """Turn the sampling config `gc` into greedy decoding over `generate`'s own warpers plus a `GeneratorSampler`:
-    -> (gc for `generate`, processors, sampler). Same tokens as `generate`'s sampling drawing from `generator`."""
-    odd = [k for k in _OTHER_WARPERS if getattr(gc, k, None) not in (None, 1.0, 0.0)]
-    if odd: raise ValueError(f"sampling with a generator supports temperature, top_k and top_p, not {odd}")
-    warp = []
-    if gc.temperature is not None and gc.temperature != 1.0: warp.append(TemperatureLogitsWarper(gc.temperature))
-    if gc.top_k is not None and gc.top_k != 0: warp.append(TopKLogitsWarper(top_k=gc.top_k, min_tokens_to_keep=1))
-    if gc.top_p is not None and gc.top_p < 1.0: warp.append(TopPLogitsWarper(top_p=gc.top_p, min_tokens_to_keep=1))
-    sampler = GeneratorSampler(generator, keep_scores)
-    gc = copy.deepcopy(gc)
-    gc.do_sample, gc.temperature, gc.top_k, gc.top_p, gc.output_scores = False, None, None, None, False
-    return gc, LogitsProcessorList(warp + [sampler]), sampler
-
 def rollout_batch(input_ids, attention_mask, responses, eos_token_id, pad_token_id):
     "Prompts [B,P] and sampled tokens [B,R] -> the rollout batch: responses cut at their first eos, masks and positions."
     response_mask, has_eos = eos_response_mask(responses, eos_token_id)
@@ -232,33 +156,17 @@ def rollout_batch(input_ids, attention_mask, responses, eos_token_id, pad_token_
 
 @torch.no_grad()
 def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
-                     synced=False, groups=None, generator=None):
-    """Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors.
-    `groups`[B] (rows of one group hold the same prompt): each prompt is prefilled once (`shared_prompt_cache`).
-    `generator`: draw the samples from this `torch.Generator` instead of torch's global one (`generator_sampling`)."""
+                     synced=False):
+    "Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors."
     was_training = model.training
     model.eval()
-    gc, kw, sampler = copy.deepcopy(generation_config), {}, None
+    gc = copy.deepcopy(generation_config)
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
-    if generator is not None and gc.do_sample:
-        gc, kw["logits_processor"], sampler = generator_sampling(gc, generator, keep_scores=return_scores)
-    with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
-        share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
-        if share: kw["past_key_values"] = shared_prompt_cache(model, input_ids, attention_mask, groups)
-        with quiet_cache_rename():
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced, **kw)  # synced: sharded ranks step together
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced)  # synced: sharded ranks step together
     if was_training: model.train()
     batch = rollout_batch(input_ids, attention_mask, out.sequences[:, input_ids.shape[1]:], eos_token_id, pad_token_id)
-    if return_scores: batch["scores"] = torch.stack(sampler.scores if sampler else out.scores, 1)   # [B,R,V] processed logits, for tests
+    if return_scores: batch["scores"] = torch.stack(out.scores, 1)     # [B,R,V] processed logits, for tests
     return batch
-
-# %% ../nbs/01d_workers.ipynb #2c736539
-def prompt_groups(prompts, prompt_mask, G):
-    "Group id per row [B] when every G consecutive rows hold one prompt (checked, not assumed), else None."
-    B = prompts.shape[0]
-    if B % G: return None
-    same = lambda x: bool((x.view(B // G, G, -1) == x[::G].unsqueeze(1)).all())
-    return torch.arange(B, device=prompts.device) // G if same(prompts) and same(prompt_mask) else None
 
 # %% ../nbs/01d_workers.ipynb #d87a9483
 def make_scheduler(config, optimizer):
@@ -315,7 +223,6 @@ class ActorRolloutWorker(TrainedWorker):
                                                         config.top_k, config.top_p)
 
     synced_generation = False                                            # True when ranks hold shards of one model
-    rollout_fn = None                                                    # a speed path's sampler in place of generate_rollout
 
     @property
     def policy(self): return self.unwrapped.policy
@@ -327,30 +234,25 @@ class ActorRolloutWorker(TrainedWorker):
 _ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 def _rows(data, idx):
-    "The forward inputs of rows `idx` (all rows when None) and their prompt groups."
-    d = data if idx is None else {k: data[k][idx] for k in _ROW_KEYS}
-    groups = data.get("prompt_group")
-    return d, (groups if groups is None or idx is None else groups[idx])
+    "The forward inputs of rows `idx` (all rows when None)."
+    return data if idx is None else {k: data[k][idx] for k in _ROW_KEYS}
 
 @patch
 def generate_sequences(self: ActorRolloutWorker, batch):
-    "Sample responses for a prompt batch -> the batch with sequences, masks, positions (and prompt groups) added."
-    dev, G = self.accelerator.device, self.config.num_generations
+    "Sample responses for a prompt batch -> the batch with sequences, masks and positions added."
+    dev = self.accelerator.device
     ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
-    groups = prompt_groups(ids, mask, G) if G > 1 and self.config.share_prompt_prefix else None
     with torch.no_grad(), self.accelerator.autocast():
-        ro = (self.rollout_fn or generate_rollout)(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
-                              self.tokenizer.pad_token_id, synced=self.synced_generation, groups=groups)
-    out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
-    if groups is not None: out["prompt_group"] = groups
-    return out
+        ro = generate_rollout(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
+                              self.tokenizer.pad_token_id, synced=self.synced_generation)
+    return {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
 
 # %% ../nbs/01d_workers.ipynb #5128f069
 @patch
 def forward(self: ActorRolloutWorker, data, idx=None, with_entropy=False, module=None):
     "Log-probs of rows `idx`'s responses -> (log-probs [b,R], entropy [b,R] or None, shared-head values [b,R] or None)."
-    d, groups = _rows(data, idx)
-    logits, values = (module or self.module)(d["input_ids"], d["attention_mask"], d["position_ids"], d["responses"].shape[1], groups=groups)
+    d = _rows(data, idx)
+    logits, values = (module or self.module)(d["input_ids"], d["attention_mask"], d["position_ids"], d["responses"].shape[1])
     lp, ent = logprobs_and_entropy(logits, d["responses"], self.config.temperature, with_entropy=with_entropy,
                                    entropy_grad=self.config.entropy_coef != 0)
     return lp, ent, values
@@ -376,7 +278,7 @@ class CriticWorker(TrainedWorker):
 @patch
 def forward(self: CriticWorker, data, idx=None, module=None):
     "Values of rows `idx` -> [b,R] (the value of the state before each response token)."
-    d, _ = _rows(data, idx)
+    d = _rows(data, idx)
     return (module or self.module)(d["input_ids"], d["attention_mask"], d["position_ids"], d["responses"].shape[1])
 
 @patch
@@ -397,7 +299,7 @@ def compute_ref_log_prob(self: RefPolicyWorker, data):
     "Reference log-probs of every row's response tokens: [B,R]."
     with self.accelerator.autocast():
         return self.reference.log_probs(data["input_ids"], data["attention_mask"], data["position_ids"], data["responses"],
-                                        self.config.temperature, data.get("prompt_group"))
+                                        self.config.temperature)
 
 # %% ../nbs/01d_workers.ipynb #bd153cef
 class RewardWorker:
