@@ -14,7 +14,8 @@ from .core import informative_groups, GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE
 from .prep import resolve_dataset, DataArgs
 from .files import write_json_atomic
 from .dist import gather_checksums, peak_memory
-from .ppo import PPOConfig, RLTrainer
+from .rl_config import PPOConfig
+from .ppo import RLTrainer
 from .fast import FastRLTrainer
 
 # %% auto #0

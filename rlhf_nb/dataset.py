@@ -12,7 +12,7 @@ from .data import DataError, read_rows, validate_rows
 
 
 # %% auto #0
-__all__ = ['render_prompt', 'RLHFDataset', 'collate_fn', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
+__all__ = ['render_prompt', 'RLHFDataset', 'collate_fn', 'select_rows', 'to_trl_sft', 'to_trl_dpo', 'to_trl_grpo']
 
 # %% ../nbs/00c_dataset.ipynb #3b6a1d7f
 def render_prompt(tokenizer, messages):
@@ -86,6 +86,17 @@ def collate_fn(items, pad_token_id):
 def collate(self: RLHFDataset, items):
     "Left-padded batch of this dataset's items (use as `DataLoader(ds, collate_fn=ds.collate)`)."
     return collate_fn(items, self.pad_token_id)
+
+# %% ../nbs/00c_dataset.ipynb #e2f518b7
+def select_rows(batch, idx):
+    "Rows `idx` of a batch dict: tensors with the batch's rows are indexed, per-row lists picked, anything else kept."
+    n = next(len(v) for v in batch.values() if torch.is_tensor(v) and v.dim() > 0)
+    idx_list = idx.tolist() if torch.is_tensor(idx) else list(idx)
+    def pick(v):
+        if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n: return v[idx]
+        if isinstance(v, list) and len(v) == n: return [v[i] for i in idx_list]
+        return v
+    return {k: pick(v) for k, v in batch.items()}
 
 # %% ../nbs/00c_dataset.ipynb #d69658cc
 def _assistant(text): return [{"role": "assistant", "content": text}]

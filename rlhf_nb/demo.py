@@ -17,7 +17,7 @@ from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
 from .files import save_atomic, write_json_atomic
 from .tracking import DEFAULT_PANELS, plot_metrics, read_metrics
 from .dist import ensure_cpu_distributed, peak_memory, process_state
-from .ppo import PPOConfig
+from .rl_config import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
 
 # %% auto #0

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import transformers
 from .models import load_tokenizer
-from .ppo import PPOConfig
+from .rl_config import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
 from .dpo import DPOConfig, DPOTrainer, dpo_trainer_class
 

@@ -26,7 +26,7 @@ from .models import check_model_path
 from .reward_model import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
 from .placement import WorkerLost
-from .ppo import PPOConfig
+from .rl_config import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
 from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo

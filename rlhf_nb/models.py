@@ -26,7 +26,8 @@ __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DE
            'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options',
            'LoraArgs', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs',
            'checked_from_pretrained', 'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model',
-           'custom_code_folder', 'check_model_path', 'short_sequence_attention', 'set_attention']
+           'check_value_model', 'same_vocab', 'custom_code_folder', 'check_model_path', 'short_sequence_attention',
+           'set_attention']
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -426,6 +427,20 @@ def load_value_model(name_or_path, dtype=None, trust_remote_code=False, seed=0, 
                                                                      what=what, verbose=False)
         vm.config.pad_token_id = tok.pad_token_id
     return vm
+
+# %% ../nbs/00d_models.ipynb #2850fdeb
+def check_value_model(value_model, tokenizer, path="value model"):
+    "Refuse a critic that cannot read `tokenizer`'s ids or gives more than one number per token."
+    n, rows = getattr(value_model.config, "num_labels", 1), value_model.get_input_embeddings().num_embeddings
+    if n != 1: raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
+    if rows < len(tokenizer):
+        raise ValueError(f"value model {path} has an embedding of {rows} rows but the policy's tokenizer has {len(tokenizer)} "
+                         "tokens: the critic reads the policy's token ids (start it from a model with the policy's vocabulary)")
+    return value_model
+
+def same_vocab(a, b):
+    "Whether two tokenizers map the same strings to the same ids (a model trained on one reads the other's ids)."
+    return len(a) == len(b) and a.get_vocab() == b.get_vocab()
 
 # %% ../nbs/00d_models.ipynb #55fa31e8
 def custom_code_folder(path, model=None, tokenizer=None, model_type="tinyremote"):

@@ -5,164 +5,34 @@
 # %% ../nbs/02_ppo.ipynb #f9394aca
 from __future__ import annotations
 import copy, dataclasses, json, sys, time, warnings
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Optional
 import torch
 from fastcore.basics import patch
 from accelerate.utils import gather_object
-from transformers import AutoConfig, set_seed
-from .config import option, parse_config, CheckpointArgs, TrackingArgs
-from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, agg_loss, value_loss, actor_loss,
-                          get_kl_controller, get_adv_estimator, get_policy_loss, estimator_needs_critic, informative_groups, AGG_MODES)
+from transformers import set_seed
+from .config import parse_config
+from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, value_loss, actor_loss,
+                          get_kl_controller, get_adv_estimator, informative_groups)
 from .files import agree_disk_full, caught_disk_full
-from .tracking import RunLog, read_metrics, step_samples, append_samples, cut_samples
-from .checkpoints import (write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load,
-                                 set_rng_state)
-from .dist import (accelerate_cpu, merge_rank_metrics, AccelerateArgs, check_accelerate_args,
-                          make_accelerator)
+from .tracking import RunLog, step_samples, append_samples, cut_samples
+from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state
+from .dist import merge_rank_metrics, make_accelerator
 from .engine import NanGuard, TimeBudget, RunGuard, RunLoop
 from .prep import load_split, held_out_spec
-from .dataset import RLHFDataset, render_prompt
-from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, LoadArgs, value_model_from_policy, ensure_chat_ready,
-                            wrap_lora, is_peft_model, enable_gradient_checkpointing, LoraArgs)
+from .dataset import RLHFDataset, render_prompt, select_rows
+from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, value_model_from_policy,
+                            ensure_chat_ready, wrap_lora, is_peft_model, enable_gradient_checkpointing, check_value_model, same_vocab)
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
-from .sft import greedy_accuracy, generate_greedy, sft_warm_start
-from .workers import Role, Reference, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
-from .placement import PlacementArgs, check_placement, make_placement
+from .sft import generate_greedy, sft_warm_start
+from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
+from .placement import make_placement
+from .rl_config import PPOConfig, resolve_critic
 
 # %% auto #0
-__all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs',
-           'PPOConfig', 'RLTrainer', 'resolve_critic', 'check_value_model', 'select_rows', 'rollout_table', 'agg_units',
-           'loss_weights', 'mini_batch_metrics', 'update_metrics', 'ppo_main']
-
-# %% ../nbs/02_ppo.ipynb #8ebcb122
-@dataclass
-class ModelDataArgs:
-    "Which policy, critic and prompts; where the run is written."
-    model_name_or_path: str = option("tiny", "Policy to train: a local path / hub name, or 'tiny' for the built-in ~1M-parameter model.")
-    warm_start_dir: Optional[str] = option(None, "With model 'tiny': supervised warm start on the arithmetic task first, saved here and reused on later runs.")
-    value_model_name_or_path: Optional[str] = option(None, "Critic initialisation: a reward-model/value checkpoint; default = the policy's backbone with a fresh scalar head.")
-    reward_model_path: Optional[str] = option(None, "Reward model (a folder saved by `rlhf-nb rm`, or a hub name) that scores rows whose reward_model.style is 'model'; its own tokenizer is used when it differs from the policy's.")
-    value_model_path: Optional[str] = option(None, "TRL's name for value_model_name_or_path; default for PPO's critic: the reward model (when it reads the policy's tokens).")
-    critic: str = option("auto", "Critic: 'separate' model, 'shared' (value head on the policy trunk), 'none', or 'auto' (separate iff the estimator needs values).",
-                         choices=["auto", "separate", "shared", "none"])
-    dataset: str = option("arith", "Training prompts: 'arith' (built-in task) or a parquet file/folder of verl rows (folder: train*.parquet, test*.parquet).")
-    eval_dataset: Optional[str] = option(None, "Held-out prompts (parquet); default: the test split of `dataset`.")
-    arith_train_size: int = option(20000, "Number of training prompts generated for dataset 'arith'.")
-    eval_size: int = option(256, "Number of held-out prompts used by the periodic greedy evaluation.")
-    data_seed: int = option(0, "Seed of the built-in task's data (kept apart from `seed` so runs share one eval set).")
-    output_dir: str = option("runs/ppo", "Where metrics.jsonl, checkpoints and the final model are written.")
-
-# %% ../nbs/02_ppo.ipynb #dd63a1b7
-@dataclass
-class BatchArgs:
-    "How many episodes a step samples and how the update cuts them."
-    per_device_train_batch_size: int = option(64, "Prompts per step per process.")
-    num_generations: int = option(1, "Completions sampled per prompt (1 for PPO; >1 for group estimators such as GRPO).")
-    mini_batch_size: Optional[int] = option(None, "Episodes per optimiser step per process (default: all episodes of the step).")
-    gradient_accumulation_steps: int = option(1, "Micro-batches per mini-batch (memory knob; the update is the same).")
-    num_ppo_epochs: int = option(2, "Passes of PPO updates over each batch of episodes.")
-    max_prompt_length: int = option(256, "Prompts longer than this (in tokens) are dropped from the dataset.")
-    max_completion_length: int = option(16, "Maximum new tokens per response (also Dr. GRPO's constant loss normaliser).")
-    share_prompt_prefix: bool = option(True, "Speed path, honoured by the fast trainer's workers (rlhf_nb.fast; the plain RLTrainer runs every prompt): with num_generations > 1, "
-                                       "prefill and forward each prompt once per group and share its keys/values with the group's completions (same numbers, less work).")
-    temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
-    top_k: int = option(0, "Top-k sampling (0 = off).")
-    top_p: float = option(1.0, "Nucleus sampling (1.0 = off).")
-
-# %% ../nbs/02_ppo.ipynb #4be6ddd3
-@dataclass
-class OptimArgs(LoraArgs):
-    "AdamW and its schedule (LoRA and gradient checkpointing from `rlhf_nb.models.LoraArgs`)."
-    learning_rate: float = option(3e-5, "Actor learning rate (AdamW).")
-    critic_learning_rate: Optional[float] = option(None, "Critic learning rate (default: 3 x learning_rate).")
-    weight_decay: float = option(0.0, "AdamW weight decay.")
-    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
-    lr_scheduler_type: str = option("constant", "transformers scheduler name: constant, linear, cosine, ...")
-    warmup_steps: int = option(0, "Scheduler warm-up steps.")
-
-# %% ../nbs/02_ppo.ipynb #b011c962
-@dataclass
-class ObjectiveArgs:
-    "Advantages, the clipped losses and their aggregation, and the KL to the reference."
-    adv_estimator: str = option("gae", "Advantage estimator from the registry: gae (PPO), grpo, dr_grpo, rloo, reinforce_plus_plus, ...")
-    gamma: float = option(1.0, "Discount factor.")
-    lam: float = option(0.95, "GAE lambda.")
-    whiten_advantages: bool = option(True, "Standardise advantages over the valid tokens of the batch.")
-    whiten_rewards: bool = option(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
-    policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate), dual_clip, gspo (sequence-level ratio) or cispo (clipped weights).")
-    cliprange: float = option(0.2, "PPO ratio clip epsilon.")
-    cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).")
-    cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
-    clip_ratio_c: Optional[float] = option(None, "Dual-clip bound for negative advantages (e.g. 3.0; None = off).")
-    cliprange_value: float = option(0.2, "Value clip around the rollout-time values.")
-    vf_coef: float = option(0.5, "Weight of the value loss.")
-    entropy_coef: float = option(0.0, "Entropy bonus weight.")
-    loss_agg_mode: str = option("token-mean", "How per-token losses become one number.", choices=list(AGG_MODES))
-    missing_eos_penalty: Optional[float] = option(None, "Subtracted from the score of responses that hit the length limit without eos.")
-    filter_groups: bool = option(False, "Drop groups whose completions all got the same score (no signal) before the update.")
-    kl_coef: float = option(0.05, "KL coefficient beta (reward penalty, or loss weight with use_kl_loss).")
-    kl_estimator: str = option("k1", "Per-token KL estimator: k1, k2, k3 (or verl's kl, mse, low_var_kl).")
-    use_kl_loss: bool = option(False, "Put the KL in the loss (GRPO) instead of in the reward (PPO).")
-    adaptive_kl: bool = option(False, "Adapt kl_coef towards kl_target (Ziegler et al. 2019).")
-    kl_target: float = option(6.0, "Target KL (sum over a response) for the adaptive controller.")
-    kl_horizon: int = option(10000, "Horizon (episodes) of the adaptive KL controller.")
-    ref_strategy: str = option("copy", "Reference policy: copy (frozen copy), peft (adapter disabled, no second copy) or none (no KL).",
-                               choices=["copy", "peft", "none"])
-
-# %% ../nbs/02_ppo.ipynb #6505ab0b
-@dataclass
-class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
-    "Steps, evaluation, logging and execution (checkpoints and trackers from `rlhf_nb.config`'s groups, bf16 and ddp_timeout from the engine's `AccelerateArgs`)."
-    max_steps: int = option(200, "Number of RL steps (rollout + update).")
-    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).")
-    eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).")
-    eval_batch_size: int = option(128, "Prompts per batch in the greedy evaluation.")
-    save_final: bool = option(True, "Write a checkpoint at the end of training.")
-    logging_steps: int = option(1, "Write metrics every this many steps.")
-    seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
-    fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); False runs "
-                              "this notebook's plain trainer. Read by rlhf_nb.algos.rl_trainer_class, which the command line uses.")
-    parallel_roles: str = option("auto", "Fast paths: run independent roles side by side in threads (old-policy/reference/critic "
-                                 "forwards; actor and critic updates): 'auto' = on for one CPU process with >= 2 torch threads, 'on', 'off'.",
-                                 choices=["auto", "on", "off"])
-    rollout_threads: Optional[int] = option(None, "Fast paths: sample the rollout's rows in this many chunks side by side in "
-                                            "threads, each drawing from its own random generator seeded from the run's (the same "
-                                            "distribution; other draws than one batch would take). None = 2 when roles run side by "
-                                            "side and the policy's hidden size is >= 256, else 1.")
-    disable_tqdm: bool = option(False, "Hide the progress bar.")
-    max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
-
-# %% ../nbs/02_ppo.ipynb #91c8acca
-@dataclass
-class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
-    "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
-    def __post_init__(self):
-        super().__post_init__()                                              # the option groups' checks
-        if self.ref_strategy == "peft" and not self.use_peft:
-            raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base under the LoRA adapter)")
-        if self.ref_strategy == "none" and self.kl_coef != 0:
-            raise ValueError(f"ref_strategy='none' has no reference to measure a KL against: set kl_coef=0 (got {self.kl_coef})")
-        for k in ("per_device_train_batch_size", "num_generations", "num_ppo_epochs", "gradient_accumulation_steps", "max_completion_length"):
-            if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
-        if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
-            raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
-        if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
-        check_accelerate_args(self)
-        if self.parallel_roles not in ("auto", "on", "off"):
-            raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
-        if self.rollout_threads is not None and self.rollout_threads < 1:
-            raise ValueError(f"rollout_threads must be >= 1 (or unset for automatic), got {self.rollout_threads}")
-        if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
-        kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
-        get_policy_loss(self.policy_loss)
-        check_placement(self)                                                # pools, roles, Ray installed: before anything starts
-
-    @property
-    def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations
+__all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'RLTrainer', 'agg_units', 'loss_weights', 'mini_batch_metrics',
+           'update_metrics', 'rollout_table', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #a4265c3a
 DEFAULT_ROLE_WORKERS = {Role.ActorRollout: ActorRolloutWorker, Role.Critic: CriticWorker, Role.RefPolicy: RefPolicyWorker,
@@ -184,282 +54,25 @@ class RLTrainer:
     @property
     def history(self): return self.run_log.history if self.run_log else []
 
-# %% ../nbs/02_ppo.ipynb #a0b68ce8
-def resolve_critic(config):
-    "'separate' / 'shared' / 'none' from the config and the advantage estimator."
-    needs = estimator_needs_critic(config.adv_estimator)
-    if config.critic == "auto": return "separate" if needs else "none"
-    if needs and config.critic == "none":
-        raise ValueError(f"adv_estimator {config.adv_estimator!r} needs a critic; critic='none' is not possible")
-    return config.critic
-
+# %% ../nbs/02_ppo.ipynb #52cbe6d3
 @patch
-def init_workers(self: RLTrainer):
-    "Build the accelerator, policy, data and one worker per role; resume if asked. -> self"
-    cfg = self.config
-    get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
-    self.critic_mode = resolve_critic(cfg)
-    self.accelerator = make_accelerator(cfg)                             # bf16 or not; the process group's timeout
-    self.placement = make_placement(cfg, self.resource_pool_manager, self.critic_mode, cfg.ref_strategy != "none")
-    self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
-    set_seed(cfg.seed)
-    self._load_policy(); self._load_data(); self.placement.build_workers(self)
-    self.kl_ctl = get_kl_controller(cfg.kl_coef, cfg.adaptive_kl, cfg.kl_target, cfg.kl_horizon)
-    torch.manual_seed(cfg.seed + 1000 * self.rank)                       # sampling differs across ranks
-    self._shuffle_seed, self._initialised = cfg.seed, True
-    if cfg.resume_from_checkpoint: self.load_checkpoint(cfg.resume_from_checkpoint)
-    return self
-
-# %% ../nbs/02_ppo.ipynb #42a18eb0
-@patch
-def _load_policy(self: RLTrainer):
-    "Tokenizer and policy from `model_name_or_path` unless given ('tiny' + `warm_start_dir`: SFT warm start first)."
-    cfg = self.config
-    if self.tokenizer is None or self.policy is None:
-        path = cfg.model_name_or_path
-        if path == "tiny" and cfg.warm_start_dir:
-            with self.accelerator.main_process_first():
-                path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
-        if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left", **load_kwargs(cfg))
-        if self.policy is None:
-            set_seed(cfg.seed)
-            self.policy = load_causal_lm(path, seed=cfg.seed, **load_kwargs(cfg))
-    if self.tokenizer.pad_token_id is None or self.tokenizer.eos_token_id is None: ensure_chat_ready(self.tokenizer)
-
-@patch
-def _rows(self: RLTrainer, spec, split, n):
-    "Rows of split `split` of dataset `spec` (`n` generated rows for 'arith')."
-    return load_split(spec, split, n=n if spec == "arith" else None, seed=self.config.data_seed)
-
-# %% ../nbs/02_ppo.ipynb #8ea28dac
-@patch
-def _load_data(self: RLTrainer):
-    "Training prompts as an `RLHFDataset`, held-out rows for evaluation, and the batch-size checks."
-    cfg, tok = self.config, self.tokenizer
-    if self.train_dataset is None: self.train_dataset = self._rows(cfg.dataset, "train", cfg.arith_train_size)
-    if not hasattr(self.train_dataset, "collate"):
-        self.train_dataset = RLHFDataset(self.train_dataset, tok, max_prompt_length=cfg.max_prompt_length)
-    if self.eval_dataset is None and cfg.eval_steps:
-        spec = cfg.eval_dataset or held_out_spec(cfg.dataset)
-        if spec is None: warnings.warn(f"dataset {cfg.dataset!r} has no test split beside it: held-out evaluation is off")
-        self.eval_dataset = self._rows(spec, "test", cfg.eval_size)[: cfg.eval_size] if spec else []
-    elif isinstance(self.eval_dataset, (str, Path)): self.eval_dataset = self._rows(str(self.eval_dataset), "test", cfg.eval_size)
-    elif hasattr(self.eval_dataset, "rows"): self.eval_dataset = self.eval_dataset.rows      # an RLHFDataset
-    if self.eval_dataset: self.eval_dataset = RLHFDataset(self.eval_dataset, tok, cfg.max_prompt_length).rows   # same length cut as training
-    if len(self.train_dataset) < cfg.per_device_train_batch_size * self.world:
-        raise ValueError(f"train dataset has {len(self.train_dataset)} prompts, fewer than one step needs "
-                         f"({cfg.per_device_train_batch_size} x {self.world} processes)")
-    n_ep = cfg.episodes_per_step
-    self.mini_batch_size = cfg.mini_batch_size or n_ep
-    if n_ep % self.mini_batch_size or self.mini_batch_size % cfg.gradient_accumulation_steps:
-        raise ValueError(f"episodes per step ({n_ep}) must be a multiple of mini_batch_size ({self.mini_batch_size}), "
-                         f"itself a multiple of gradient_accumulation_steps ({cfg.gradient_accumulation_steps})")
-
-# %% ../nbs/02_ppo.ipynb #92ffe938
-@patch
-def _build_workers(self: RLTrainer):
-    "One worker per role from `role_worker_mapping`: critic (before any LoRA wrap), actor/rollout, reference, reward."
-    cfg, acc, make = self.config, self.accelerator, self.role_worker_mapping
-    hosted = getattr(self, "hosted_roles", None)                         # a Ray worker builds only the roles of its pool
-    want = lambda role: hosted is None or role in hosted
-    self.workers = {}
-    self.reward_manager = self.reward_manager or self._reward_manager_from_config()    # reward model checked first
-    self._check_model_rows()
-    if self.critic_mode == "separate" and want(Role.Critic):
-        if self.value_model is None:
-            base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
-            self.value_model = self._critic_model(base)
-        self.workers[Role.Critic] = make[Role.Critic](self.value_model, cfg, acc)
-    if want(Role.ActorRollout):
-        if cfg.use_peft and not is_peft_model(self.policy):
-            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
-        if cfg.gradient_checkpointing:                                   # the shared-prefix forward needs the KV cache in training
-            cfg.share_prompt_prefix = False
-            for m in (self.policy, self.value_model if self.critic_mode == "separate" else None):
-                if m is not None: enable_gradient_checkpointing(m)
-        actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
-        self.workers[Role.ActorRollout] = actor
-        self.reference = actor.make_reference(cfg.ref_strategy)          # from the unwrapped, broadcast policy
-        if self.reference.active and want(Role.RefPolicy): self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
-    self.reward_fn = self.reward_fn or self.reward_manager               # verl's names: training reward, validation reward
-    val = self.val_reward_fn or self.reward_fn                          # validation scores each held-out row by its source
-    self.val_reward_fn = val if isinstance(val, ValidationScorer) else ValidationScorer.from_manager(val)
-    if want(Role.RewardModel): self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
-
-# %% ../nbs/02_ppo.ipynb #a18cdaa2
-@patch
-def _reward_manager_from_config(self: RLTrainer):
-    "A `RewardManager` for the policy's tokenizer, with the config's `reward_model_path` as its reward model."
-    path = self.config.reward_model_path
-    return RewardManager(self.tokenizer, reward_model=load_reward_model(path, **load_kwargs(self.config, revision=False)) if path else None)
-
-def _model_sources(rows):
-    "data_source names of the rows whose reward is a model's (reward_model.style == 'model')."
-    fields = lambda r: json.loads(r) if isinstance(r, str) else (r or {})
-    return sorted({r["data_source"] for r in rows if fields(r.get("reward_model")).get("style") == "model"})
-
-@patch
-def _check_model_rows(self: RLTrainer):
-    "Refuse model-scored rows (train or held-out) when the reward manager has no reward model."
-    rows = list(getattr(self.train_dataset, "rows", [])) + list(self.eval_dataset or [])
-    srcs = _model_sources(rows)
-    if srcs and isinstance(self.reward_manager, RewardManager) and self.reward_manager.model_reward is None:
-        raise ValueError(f"rows of data_source {', '.join(map(repr, srcs))} are scored by a reward model "
-                         "(reward_model.style='model') but none was given: pass --reward_model_path")
-
-# %% ../nbs/02_ppo.ipynb #49b1c1af
-def check_value_model(value_model, tokenizer, path="value model"):
-    "Refuse a critic that cannot read `tokenizer`'s ids or gives more than one number per token."
-    n, rows = getattr(value_model.config, "num_labels", 1), value_model.get_input_embeddings().num_embeddings
-    if n != 1: raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
-    if rows < len(tokenizer):
-        raise ValueError(f"value model {path} has an embedding of {rows} rows but the policy's tokenizer has {len(tokenizer)} "
-                         "tokens: the critic reads the policy's token ids (start it from a model with the policy's vocabulary)")
-    return value_model
-
-def _same_vocab(a, b): return len(a) == len(b) and a.get_vocab() == b.get_vocab()
-
-# %% ../nbs/02_ppo.ipynb #a44ab347
-@patch
-def _critic_model(self: RLTrainer, base):
-    "The separate critic's starting model: value_model_path, else the reward model (same vocabulary), else `base`'s backbone."
-    cfg, tok = self.config, self.tokenizer
-    path, opts = cfg.value_model_path or cfg.value_model_name_or_path, load_kwargs(cfg, revision=False)  # other repos: no revision
-    if path:
-        c = load_config(path, what="value_model_path", **opts)                          # a classifier's head of another width would not even load
-        if (n := getattr(c, "num_labels", 1)) != 1 and any("SequenceClassification" in a for a in c.architectures or []):
-            raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
-        return check_value_model(load_value_model(path, tokenizer=tok, **opts), tok, path)
-    if cfg.reward_model_path:
-        if _same_vocab(load_tokenizer(cfg.reward_model_path, verbose=False, what="reward_model_path", **opts), tok):
-            return check_value_model(load_value_model(cfg.reward_model_path, tokenizer=tok, what="reward_model_path", **opts), tok, cfg.reward_model_path)
-        warnings.warn(f"reward model {cfg.reward_model_path} uses another tokenizer than the policy: the critic starts from "
-                      "the policy's backbone (pass --value_model_path to choose)")
-    return value_model_from_policy(base)
-
-# %% ../nbs/02_ppo.ipynb #d9542120
-@patch(as_prop=True)
-def actor(self: RLTrainer): return self.workers[Role.ActorRollout].module
-
-@patch(as_prop=True)
-def critic(self: RLTrainer): return self.workers[Role.Critic].module if Role.Critic in self.workers else None
-
-@patch(as_prop=True)
-def unwrapped_policy(self: RLTrainer): return self.workers[Role.ActorRollout].policy
-
-# %% ../nbs/02_ppo.ipynb #7d491f05
-def select_rows(batch, idx):
-    "Rows `idx` of a batch dict: tensors with the batch's rows are indexed, per-row lists picked, anything else kept."
-    n = next(len(v) for v in batch.values() if torch.is_tensor(v) and v.dim() > 0)
-    idx_list = idx.tolist() if torch.is_tensor(idx) else list(idx)
-    def pick(v):
-        if torch.is_tensor(v) and v.dim() > 0 and v.shape[0] == n: return v[idx]
-        if isinstance(v, list) and len(v) == n: return [v[i] for i in idx_list]
-        return v
-    return {k: pick(v) for k, v in batch.items()}
-
-@patch
-def next_batch(self: RLTrainer):
-    "The next prompts for this process, each repeated `num_generations` times: dict of [B,P] tensors and lists."
-    cfg, n = self.config, len(self.train_dataset)
-    per_step = cfg.per_device_train_batch_size * self.world
-    if self.sampler_state["offset"] + per_step > n:
-        self.sampler_state = {"epoch": self.sampler_state["epoch"] + 1, "offset": 0}
-    g = torch.Generator().manual_seed(self._shuffle_seed * 100003 + self.sampler_state["epoch"])
-    perm = torch.randperm(n, generator=g)
-    start = self.sampler_state["offset"]
-    mine = perm[start:start + per_step][self.rank::self.world]
-    self.sampler_state = {**self.sampler_state, "offset": start + per_step}
-    batch = self.train_dataset.collate([self.train_dataset[i] for i in mine.tolist()])
-    if cfg.num_generations > 1: batch = select_rows(batch, torch.arange(len(mine)).repeat_interleave(cfg.num_generations))
-    return batch
-
-# %% ../nbs/02_ppo.ipynb #b06a9256
-@patch
-def generate_sequences(self: RLTrainer, batch):
-    "Rollout role: sample responses for a prompt batch -> the batch with sequences, masks and positions."
-    return self.workers[Role.ActorRollout].generate_sequences(batch)
-
-@patch
-def compute_scores(self: RLTrainer, data):
-    "Reward role: add `token_level_scores` [B,R] to `data`; -> (data, reward metrics)."
-    data["token_level_scores"], metrics = self.workers[Role.RewardModel].compute_scores(data)
-    return data, metrics or {}
-
-# %% ../nbs/02_ppo.ipynb #b1a0ef6a
-@patch
-def filter_groups(self: RLTrainer, data):
-    "With `config.filter_groups`: keep the rows of groups whose scores differ; -> (data, {'informative_frac'} or {})."
-    G = self.config.num_generations
-    if not self.config.filter_groups or G < 2: return data, {}
-    if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
-        raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
-                         "ranks keep different numbers of rows and must take the same number of optimiser steps")
-    keep = informative_groups(data["token_level_scores"].sum(-1), G)
-    frac = keep.float().mean().item()
-    if not keep.any(): keep[:G] = True
-    if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
-    return data, {"informative_frac": frac}
-
-# %% ../nbs/02_ppo.ipynb #48a559d2
-@patch
-@torch.no_grad()
-def compute_log_probs_and_values(self: RLTrainer, data):
-    "Actor, reference and critic roles: add `old_log_probs`, `ref_log_probs` and `values`, each [B,R]."
-    actor, ref, critic = (self.workers.get(r) for r in (Role.ActorRollout, Role.RefPolicy, Role.Critic))
-    data["old_log_probs"], values = actor.compute_log_prob(data)          # values: from a shared head, if any
-    if ref is not None: data["ref_log_probs"] = ref.compute_ref_log_prob(data)
-    if critic is not None: values = critic.compute_values(data)
-    if values is not None: data["values"] = values.float() * data["response_mask"]
-    return data
-
-# %% ../nbs/02_ppo.ipynb #222a9681
-@patch
-def _kl_in_reward(self: RLTrainer): return self.reference.active and not self.config.use_kl_loss
-
-@patch
-def _whiten(self: RLTrainer, x, mask, shift_mean=True, eps=1e-8):
-    "`masked_whiten` over the valid tokens of every process (under DDP: one all-reduce of their sum, sum of squares and count)."
-    if self.world == 1: return masked_whiten(x, mask, shift_mean, eps)
-    m = mask.to(x.dtype)
-    s = self.accelerator.reduce(torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()]), "sum")
-    n = s[2]
-    if n < 2: raise ValueError(f"whitening needs at least 2 valid tokens over all processes, got {int(n)}")
-    mean = s[0] / n
-    var = (s[1] / n - mean ** 2).clamp_min(0) * n / (n - 1)             # Bessel-corrected, as masked_var
-    out = (x - mean) * torch.rsqrt(var + eps)
-    return out if shift_mean else out + mean
-
-# %% ../nbs/02_ppo.ipynb #76df6e75
-@patch
-def compute_advantages(self: RLTrainer, data):
-    "Token rewards (score − β·KL unless the KL is in the loss), then advantages/returns from the registered estimator."
-    cfg, mask = self.config, data["response_mask"]
-    if self._kl_in_reward():
-        data["token_level_rewards"], data["kl"] = apply_kl_penalty(data["token_level_scores"], data["old_log_probs"],
-                                                                   data["ref_log_probs"], mask, self.kl_ctl.value, cfg.kl_estimator)
-    else: data["token_level_rewards"] = data["token_level_scores"] * mask
-    rewards = data["token_level_rewards"]
-    if cfg.whiten_rewards: rewards = self._whiten(rewards, mask, shift_mean=False) * mask
-    adv, ret = get_adv_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
-                                                    gamma=cfg.gamma, lam=cfg.lam, whiten=self._whiten)
-    if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
-    data["advantages"], data["returns"] = adv, ret
-    return data
-
-# %% ../nbs/02_ppo.ipynb #546799ba
-def rollout_table(data, tokenizer, n=None):
-    "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
-    out, mask = [], data["response_mask"].bool()
-    for b in range(data["responses"].shape[0] if n is None else min(n, data["responses"].shape[0])):
-        m = mask[b]
-        row = {"prompt": tokenizer.decode(data["prompts"][b][data["prompt_mask"][b].bool()], skip_special_tokens=True),
-               "response": tokenizer.decode(data["responses"][b][m], skip_special_tokens=True),
-               "score": float(data["token_level_scores"][b].sum()), "length": int(m.sum())}
-        if "kl" in data: row["kl"] = float(data["kl"][b][m].sum())
-        if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
-        out.append(row)
-    return out
+def step(self: RLTrainer):
+    "One RL step: rollout → rewards → (group filter) → log-probs and values → advantages → update. -> metrics"
+    if self.placement.remote: return self.placement.step(self)          # the same list, each role on its Ray pool
+    t0 = time.perf_counter()
+    data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
+    data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
+    scores = data["token_level_scores"].sum(-1)                          # the whole sampled batch
+    data, filter_metrics = self.filter_groups(data)
+    data = self.compute_log_probs_and_values(data); t3 = time.perf_counter()
+    data = self.compute_advantages(data)
+    upd = self.update(data); t4 = time.perf_counter()
+    m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
+    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
+    if self.world > 1: m = merge_rank_metrics(gather_object([m]))
+    if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
+    self.record_samples(data)
+    return m
 
 # %% ../nbs/02_ppo.ipynb #eb959cc1
 def agg_units(response_mask, loss_agg_mode):
@@ -576,6 +189,253 @@ def role_epochs(self: RLTrainer, which, data, plan):
         steps.append({**mini_batch_metrics(parts), **{f"{which}/{k}": v for k, v in worker.step().items()}})
     return update_metrics(steps)
 
+# %% ../nbs/02_ppo.ipynb #a0b68ce8
+@patch
+def init_workers(self: RLTrainer):
+    "Build the accelerator, policy, data and one worker per role; resume if asked. -> self"
+    cfg = self.config
+    get_adv_estimator(cfg.adv_estimator)                                 # an unknown name fails before any model is built
+    self.critic_mode = resolve_critic(cfg)
+    self.accelerator = make_accelerator(cfg)                             # bf16 or not; the process group's timeout
+    self.placement = make_placement(cfg, self.resource_pool_manager, self.critic_mode, cfg.ref_strategy != "none")
+    self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
+    set_seed(cfg.seed)
+    self._load_policy(); self._load_data(); self.placement.build_workers(self)
+    self.kl_ctl = get_kl_controller(cfg.kl_coef, cfg.adaptive_kl, cfg.kl_target, cfg.kl_horizon)
+    torch.manual_seed(cfg.seed + 1000 * self.rank)                       # sampling differs across ranks
+    self._shuffle_seed, self._initialised = cfg.seed, True
+    if cfg.resume_from_checkpoint: self.load_checkpoint(cfg.resume_from_checkpoint)
+    return self
+
+# %% ../nbs/02_ppo.ipynb #42a18eb0
+@patch
+def _load_policy(self: RLTrainer):
+    "Tokenizer and policy from `model_name_or_path` unless given ('tiny' + `warm_start_dir`: SFT warm start first)."
+    cfg = self.config
+    if self.tokenizer is None or self.policy is None:
+        path = cfg.model_name_or_path
+        if path == "tiny" and cfg.warm_start_dir:
+            with self.accelerator.main_process_first():
+                path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
+        if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left", **load_kwargs(cfg))
+        if self.policy is None:
+            set_seed(cfg.seed)
+            self.policy = load_causal_lm(path, seed=cfg.seed, **load_kwargs(cfg))
+    if self.tokenizer.pad_token_id is None or self.tokenizer.eos_token_id is None: ensure_chat_ready(self.tokenizer)
+
+@patch
+def _rows(self: RLTrainer, spec, split, n):
+    "Rows of split `split` of dataset `spec` (`n` generated rows for 'arith')."
+    return load_split(spec, split, n=n if spec == "arith" else None, seed=self.config.data_seed)
+
+# %% ../nbs/02_ppo.ipynb #8ea28dac
+@patch
+def _load_data(self: RLTrainer):
+    "Training prompts as an `RLHFDataset`, held-out rows for evaluation, and the batch-size checks."
+    cfg, tok = self.config, self.tokenizer
+    if self.train_dataset is None: self.train_dataset = self._rows(cfg.dataset, "train", cfg.arith_train_size)
+    if not hasattr(self.train_dataset, "collate"):
+        self.train_dataset = RLHFDataset(self.train_dataset, tok, max_prompt_length=cfg.max_prompt_length)
+    if self.eval_dataset is None and cfg.eval_steps:
+        spec = cfg.eval_dataset or held_out_spec(cfg.dataset)
+        if spec is None: warnings.warn(f"dataset {cfg.dataset!r} has no test split beside it: held-out evaluation is off")
+        self.eval_dataset = self._rows(spec, "test", cfg.eval_size)[: cfg.eval_size] if spec else []
+    elif isinstance(self.eval_dataset, (str, Path)): self.eval_dataset = self._rows(str(self.eval_dataset), "test", cfg.eval_size)
+    elif hasattr(self.eval_dataset, "rows"): self.eval_dataset = self.eval_dataset.rows      # an RLHFDataset
+    if self.eval_dataset: self.eval_dataset = RLHFDataset(self.eval_dataset, tok, cfg.max_prompt_length).rows   # same length cut as training
+    if len(self.train_dataset) < cfg.per_device_train_batch_size * self.world:
+        raise ValueError(f"train dataset has {len(self.train_dataset)} prompts, fewer than one step needs "
+                         f"({cfg.per_device_train_batch_size} x {self.world} processes)")
+    n_ep = cfg.episodes_per_step
+    self.mini_batch_size = cfg.mini_batch_size or n_ep
+    if n_ep % self.mini_batch_size or self.mini_batch_size % cfg.gradient_accumulation_steps:
+        raise ValueError(f"episodes per step ({n_ep}) must be a multiple of mini_batch_size ({self.mini_batch_size}), "
+                         f"itself a multiple of gradient_accumulation_steps ({cfg.gradient_accumulation_steps})")
+
+# %% ../nbs/02_ppo.ipynb #92ffe938
+@patch
+def _build_workers(self: RLTrainer):
+    "One worker per role from `role_worker_mapping`: critic (before any LoRA wrap), actor/rollout, reference, reward."
+    cfg, acc, make = self.config, self.accelerator, self.role_worker_mapping
+    hosted = getattr(self, "hosted_roles", None)                         # a Ray worker builds only the roles of its pool
+    want = lambda role: hosted is None or role in hosted
+    self.workers = {}
+    self.reward_manager = self.reward_manager or self._reward_manager_from_config()    # reward model checked first
+    self._check_model_rows()
+    if self.critic_mode == "separate" and want(Role.Critic):
+        if self.value_model is None:
+            base = copy.deepcopy(self.policy).merge_and_unload() if is_peft_model(self.policy) else self.policy
+            self.value_model = self._critic_model(base)
+        self.workers[Role.Critic] = make[Role.Critic](self.value_model, cfg, acc)
+    if want(Role.ActorRollout):
+        if cfg.use_peft and not is_peft_model(self.policy):
+            self.policy = wrap_lora(self.policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_target_modules)
+        if cfg.gradient_checkpointing:                                   # the shared-prefix forward needs the KV cache in training
+            cfg.share_prompt_prefix = False
+            for m in (self.policy, self.value_model if self.critic_mode == "separate" else None):
+                if m is not None: enable_gradient_checkpointing(m)
+        actor = make[Role.ActorRollout](self.policy, self.tokenizer, cfg, acc, value_head=self.critic_mode == "shared")
+        self.workers[Role.ActorRollout] = actor
+        self.reference = actor.make_reference(cfg.ref_strategy)          # from the unwrapped, broadcast policy
+        if self.reference.active and want(Role.RefPolicy): self.workers[Role.RefPolicy] = make[Role.RefPolicy](self.reference, cfg, acc)
+    self.reward_fn = self.reward_fn or self.reward_manager               # verl's names: training reward, validation reward
+    val = self.val_reward_fn or self.reward_fn                          # validation scores each held-out row by its source
+    self.val_reward_fn = val if isinstance(val, ValidationScorer) else ValidationScorer.from_manager(val)
+    if want(Role.RewardModel): self.workers[Role.RewardModel] = make[Role.RewardModel](self.reward_manager, cfg)
+
+# %% ../nbs/02_ppo.ipynb #a18cdaa2
+@patch
+def _reward_manager_from_config(self: RLTrainer):
+    "A `RewardManager` for the policy's tokenizer, with the config's `reward_model_path` as its reward model."
+    path = self.config.reward_model_path
+    return RewardManager(self.tokenizer, reward_model=load_reward_model(path, **load_kwargs(self.config, revision=False)) if path else None)
+
+def _model_sources(rows):
+    "data_source names of the rows whose reward is a model's (reward_model.style == 'model')."
+    fields = lambda r: json.loads(r) if isinstance(r, str) else (r or {})
+    return sorted({r["data_source"] for r in rows if fields(r.get("reward_model")).get("style") == "model"})
+
+@patch
+def _check_model_rows(self: RLTrainer):
+    "Refuse model-scored rows (train or held-out) when the reward manager has no reward model."
+    rows = list(getattr(self.train_dataset, "rows", [])) + list(self.eval_dataset or [])
+    srcs = _model_sources(rows)
+    if srcs and isinstance(self.reward_manager, RewardManager) and self.reward_manager.model_reward is None:
+        raise ValueError(f"rows of data_source {', '.join(map(repr, srcs))} are scored by a reward model "
+                         "(reward_model.style='model') but none was given: pass --reward_model_path")
+
+# %% ../nbs/02_ppo.ipynb #a44ab347
+@patch
+def _critic_model(self: RLTrainer, base):
+    "The separate critic's starting model: value_model_path, else the reward model (same vocabulary), else `base`'s backbone."
+    cfg, tok = self.config, self.tokenizer
+    path, opts = cfg.value_model_path or cfg.value_model_name_or_path, load_kwargs(cfg, revision=False)  # other repos: no revision
+    if path:
+        c = load_config(path, what="value_model_path", **opts)                          # a classifier's head of another width would not even load
+        if (n := getattr(c, "num_labels", 1)) != 1 and any("SequenceClassification" in a for a in c.architectures or []):
+            raise ValueError(f"value model {path} has num_labels={n}: the critic gives one value per token (num_labels=1)")
+        return check_value_model(load_value_model(path, tokenizer=tok, **opts), tok, path)
+    if cfg.reward_model_path:
+        if same_vocab(load_tokenizer(cfg.reward_model_path, verbose=False, what="reward_model_path", **opts), tok):
+            return check_value_model(load_value_model(cfg.reward_model_path, tokenizer=tok, what="reward_model_path", **opts), tok, cfg.reward_model_path)
+        warnings.warn(f"reward model {cfg.reward_model_path} uses another tokenizer than the policy: the critic starts from "
+                      "the policy's backbone (pass --value_model_path to choose)")
+    return value_model_from_policy(base)
+
+# %% ../nbs/02_ppo.ipynb #d9542120
+@patch(as_prop=True)
+def actor(self: RLTrainer): return self.workers[Role.ActorRollout].module
+
+@patch(as_prop=True)
+def critic(self: RLTrainer): return self.workers[Role.Critic].module if Role.Critic in self.workers else None
+
+@patch(as_prop=True)
+def unwrapped_policy(self: RLTrainer): return self.workers[Role.ActorRollout].policy
+
+# %% ../nbs/02_ppo.ipynb #7d491f05
+@patch
+def next_batch(self: RLTrainer):
+    "The next prompts for this process, each repeated `num_generations` times: dict of [B,P] tensors and lists."
+    cfg, n = self.config, len(self.train_dataset)
+    per_step = cfg.per_device_train_batch_size * self.world
+    if self.sampler_state["offset"] + per_step > n:
+        self.sampler_state = {"epoch": self.sampler_state["epoch"] + 1, "offset": 0}
+    g = torch.Generator().manual_seed(self._shuffle_seed * 100003 + self.sampler_state["epoch"])
+    perm = torch.randperm(n, generator=g)
+    start = self.sampler_state["offset"]
+    mine = perm[start:start + per_step][self.rank::self.world]
+    self.sampler_state = {**self.sampler_state, "offset": start + per_step}
+    batch = self.train_dataset.collate([self.train_dataset[i] for i in mine.tolist()])
+    if cfg.num_generations > 1: batch = select_rows(batch, torch.arange(len(mine)).repeat_interleave(cfg.num_generations))
+    return batch
+
+# %% ../nbs/02_ppo.ipynb #b06a9256
+@patch
+def generate_sequences(self: RLTrainer, batch):
+    "Rollout role: sample responses for a prompt batch -> the batch with sequences, masks and positions."
+    return self.workers[Role.ActorRollout].generate_sequences(batch)
+
+@patch
+def compute_scores(self: RLTrainer, data):
+    "Reward role: add `token_level_scores` [B,R] to `data`; -> (data, reward metrics)."
+    data["token_level_scores"], metrics = self.workers[Role.RewardModel].compute_scores(data)
+    return data, metrics or {}
+
+# %% ../nbs/02_ppo.ipynb #b1a0ef6a
+@patch
+def filter_groups(self: RLTrainer, data):
+    "With `config.filter_groups`: keep the rows of groups whose scores differ; -> (data, {'informative_frac'} or {})."
+    G = self.config.num_generations
+    if not self.config.filter_groups or G < 2: return data, {}
+    if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
+        raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
+                         "ranks keep different numbers of rows and must take the same number of optimiser steps")
+    keep = informative_groups(data["token_level_scores"].sum(-1), G)
+    frac = keep.float().mean().item()
+    if not keep.any(): keep[:G] = True
+    if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
+    return data, {"informative_frac": frac}
+
+# %% ../nbs/02_ppo.ipynb #48a559d2
+@patch
+@torch.no_grad()
+def compute_log_probs_and_values(self: RLTrainer, data):
+    "Actor, reference and critic roles: add `old_log_probs`, `ref_log_probs` and `values`, each [B,R]."
+    actor, ref, critic = (self.workers.get(r) for r in (Role.ActorRollout, Role.RefPolicy, Role.Critic))
+    data["old_log_probs"], values = actor.compute_log_prob(data)          # values: from a shared head, if any
+    if ref is not None: data["ref_log_probs"] = ref.compute_ref_log_prob(data)
+    if critic is not None: values = critic.compute_values(data)
+    if values is not None: data["values"] = values.float() * data["response_mask"]
+    return data
+
+# %% ../nbs/02_ppo.ipynb #222a9681
+@patch
+def _kl_in_reward(self: RLTrainer): return self.reference.active and not self.config.use_kl_loss
+
+@patch
+def _whiten(self: RLTrainer, x, mask, shift_mean=True, eps=1e-8):
+    "`masked_whiten` over the valid tokens of every process (under DDP: one all-reduce of their sum, sum of squares and count)."
+    if self.world == 1: return masked_whiten(x, mask, shift_mean, eps)
+    m = mask.to(x.dtype)
+    s = self.accelerator.reduce(torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()]), "sum")
+    n = s[2]
+    if n < 2: raise ValueError(f"whitening needs at least 2 valid tokens over all processes, got {int(n)}")
+    mean = s[0] / n
+    var = (s[1] / n - mean ** 2).clamp_min(0) * n / (n - 1)             # Bessel-corrected, as masked_var
+    out = (x - mean) * torch.rsqrt(var + eps)
+    return out if shift_mean else out + mean
+
+# %% ../nbs/02_ppo.ipynb #76df6e75
+@patch
+def compute_advantages(self: RLTrainer, data):
+    "Token rewards (score − β·KL unless the KL is in the loss), then advantages/returns from the registered estimator."
+    cfg, mask = self.config, data["response_mask"]
+    if self._kl_in_reward():
+        data["token_level_rewards"], data["kl"] = apply_kl_penalty(data["token_level_scores"], data["old_log_probs"],
+                                                                   data["ref_log_probs"], mask, self.kl_ctl.value, cfg.kl_estimator)
+    else: data["token_level_rewards"] = data["token_level_scores"] * mask
+    rewards = data["token_level_rewards"]
+    if cfg.whiten_rewards: rewards = self._whiten(rewards, mask, shift_mean=False) * mask
+    adv, ret = get_adv_estimator(cfg.adv_estimator)(rewards, mask, values=data.get("values"), group_size=cfg.num_generations,
+                                                    gamma=cfg.gamma, lam=cfg.lam, whiten=self._whiten)
+    if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
+    data["advantages"], data["returns"] = adv, ret
+    return data
+
+# %% ../nbs/02_ppo.ipynb #546799ba
+def rollout_table(data, tokenizer, n=None):
+    "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
+    out, mask = [], data["response_mask"].bool()
+    for b in range(data["responses"].shape[0] if n is None else min(n, data["responses"].shape[0])):
+        m = mask[b]
+        row = {"prompt": tokenizer.decode(data["prompts"][b][data["prompt_mask"][b].bool()], skip_special_tokens=True),
+               "response": tokenizer.decode(data["responses"][b][m], skip_special_tokens=True),
+               "score": float(data["token_level_scores"][b].sum()), "length": int(m.sum())}
+        if "kl" in data: row["kl"] = float(data["kl"][b][m].sum())
+        if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
+        out.append(row)
+    return out
+
 # %% ../nbs/02_ppo.ipynb #70d495c6
 @patch
 def _reference_answers(self: RLTrainer, rows, prompts):
@@ -673,26 +533,6 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
         m["critic/values"], m["critic/returns"] = float(masked_mean(data["values"], mask)), float(masked_mean(data["returns"], mask))
     m.update({f"reward/{k}": float(v) for k, v in reward_metrics.items()
               if isinstance(v, (int, float)) or torch.is_tensor(v) and v.numel() == 1})
-    return m
-
-# %% ../nbs/02_ppo.ipynb #52cbe6d3
-@patch
-def step(self: RLTrainer):
-    "One RL step: rollout → rewards → (group filter) → log-probs and values → advantages → update. -> metrics"
-    if self.placement.remote: return self.placement.step(self)          # the same list, each role on its Ray pool
-    t0 = time.perf_counter()
-    data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
-    data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
-    scores = data["token_level_scores"].sum(-1)                          # the whole sampled batch
-    data, filter_metrics = self.filter_groups(data)
-    data = self.compute_log_probs_and_values(data); t3 = time.perf_counter()
-    data = self.compute_advantages(data)
-    upd = self.update(data); t4 = time.perf_counter()
-    m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
-    if self.world > 1: m = merge_rank_metrics(gather_object([m]))
-    if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
-    self.record_samples(data)
     return m
 
 # %% ../nbs/02_ppo.ipynb #9ac59df2

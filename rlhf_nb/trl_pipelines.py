@@ -14,7 +14,7 @@ from .config import ConfigError, option, parse_config
 from .tracking import log_progress
 from .prep import DataArgs, parse_split, read_train_test, select_split
 from .dataset import to_trl_dpo, to_trl_grpo, to_trl_sft
-from .ppo import PPOConfig
+from .rl_config import PPOConfig
 from .algos import run_rl
 from .dpo import arith_preference_rows
 from .models import ensure_chat_ready, load_causal_lm, load_tokenizer, load_value_model
