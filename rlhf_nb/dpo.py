@@ -263,9 +263,6 @@ class DPOTrainer:
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if config.gradient_checkpointing: enable_gradient_checkpointing(model)
-        longest = max(len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) for e in self.train_encoded + self.eval_encoded)
-        self.attention = short_sequence_attention(acc.device, longest, config.attn_implementation)   # eager for short CPU pairs
-        if self.attention: set_attention([model], self.attention)
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits
@@ -486,6 +483,10 @@ class FastDPOTrainer(DPOTrainer):
         self.share_prompt = config.share_prompt_prefix and not config.gradient_checkpointing
         if self.share_prompt: self.pair_collate, self.pair_logps = collate_shared_prompt, shared_sequence_logps
         self.halves = resolve_parallel_halves(config.parallel_halves, self.world, self.accelerator.device, config.ref_strategy)
+        enc = self.train_encoded + self.eval_encoded
+        longest = max(len(e["prompt_ids"]) + max(len(e["chosen_ids"]), len(e["rejected_ids"])) for e in enc)
+        self.attention = short_sequence_attention(self.accelerator.device, longest, config.attn_implementation)
+        if self.attention: set_attention([self.model], self.attention)          # eager for short CPU pairs: a cheaper backward
 
 @patch
 def forward_backward(self: FastDPOTrainer, mine):
