@@ -13,7 +13,7 @@ from transformers import HfArgumentParser
 
 # %% auto #0
 __all__ = ['option', 'ConfigError', 'make_parser', 'config_dirs', 'packaged_configs', 'find_config', 'parse_config',
-           'CheckpointArgs', 'TrackingArgs', 'DataArgs', 'option_declarations', 'repeated_options']
+           'CheckpointArgs', 'TrackingArgs', 'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options']
 
 # %% ../nbs/00_config.ipynb #8616afec
 def option(default, help, **kw):
@@ -121,6 +121,17 @@ class DataArgs:
     "Where a named dataset comes from and where it is prepared."
     dataset_source: Optional[str] = option(None, "Local copy (file or folder) of a named dataset such as gsm8k or hh-rlhf; default: load it from the hub.")
     data_dir: str = option("runs/data", "Where named datasets are prepared (DATA_DIR/NAME/{train,test}.parquet), once per machine.")
+
+# %% ../nbs/00_config.ipynb #eb5616e5
+@dataclass
+class SupervisedArgs:
+    "Pace and checks of a one-model training stage (SFT, a reward model): learning rate, limits, evaluation, seed."
+    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
+    learning_rate: float = option(3e-3, "AdamW learning rate.")
+    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.")
+    eval_steps: int = option(50, "Held-out evaluation every this many steps (SFT: greedy accuracy; reward model: pairwise accuracy).")
+    eval_size: int = option(200, "Held-out examples the evaluation uses (prompts for SFT, pairs for a reward model).")
+    seed: int = option(0, "Seed of initialisation, data order and the arith task.")
 
 # %% ../nbs/00_config.ipynb #219460bd
 def option_declarations(classes):

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .config import option, CheckpointArgs, TrackingArgs, DataArgs
+from .config import option, CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
@@ -111,23 +111,18 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
 
 # %% ../nbs/01b_reward_model.ipynb #0c7da1ca
 @dataclass
-class RMArgs(CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
+class RMArgs(SupervisedArgs, CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
     "Bradley-Terry reward-model training on preference pairs (rlhf_nb.reward_model.train_reward_model)."
     model_name_or_path: str = option("tiny", "Backbone: a folder, a hub name, or 'tiny'; gets a scalar head (num_labels=1).")
     dataset: str = option("arith", "'arith' (right vs wrong answers), 'hh-rlhf', or a parquet file/folder of preference rows.")
     output_dir: str = option("runs/rm", "Where the reward model, its tokenizer and metrics.jsonl are saved.")
-    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
-    learning_rate: float = option(3e-3, "AdamW learning rate.")
     per_device_train_batch_size: int = option(32, "Pairs per optimizer step.")
     max_steps: int = option(200, "Optimizer steps.")
-    max_seconds: Optional[float] = option(None, "Stop after this many seconds.")
-    eval_steps: int = option(50, "Pairwise accuracy on held-out pairs every this many steps.")
     max_length: int = option(512, "Truncate prompt+answer to this many tokens.")
     n_train: int = option(2000, "Training pairs (arith: generated; otherwise the first n).")
-    eval_size: int = option(200, "Held-out pairs.")
     margin: Optional[float] = option(None, "Margin in the Bradley-Terry loss (None = off).")
     center_rewards_coefficient: Optional[float] = option(None, "Weight pulling mean rewards to 0 (TRL's name; None = off).")
-    seed: int = option(0, "Seed.")
+
 
 # %% ../nbs/01b_reward_model.ipynb #fb6854dd
 def _rm_pairs(a):

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
-from .config import ConfigError, option, CheckpointArgs, TrackingArgs, DataArgs
+from .config import ConfigError, option, CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
@@ -248,26 +248,21 @@ def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_t
 
 # %% ../nbs/01c_sft.ipynb #b2073116
 @dataclass
-class SFTArgs(CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
+class SFTArgs(SupervisedArgs, CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, PeftArgs):
     "Supervised fine-tuning with a completion-only loss (rlhf_nb.sft.sft_train)."
     model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
     dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
     output_dir: str = option("runs/sft", "Where the fine-tuned model, its tokenizer and metrics.jsonl are saved.")
-    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
-    learning_rate: float = option(3e-3, "AdamW learning rate.")
     per_device_train_batch_size: int = option(64, "Examples per optimizer step.")
     max_steps: int = option(3000, "Maximum optimizer steps.")
-    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.")
     target_accuracy: Optional[float] = option(None, "Stop once held-out greedy accuracy reaches this (rule-scored data).")
-    eval_steps: int = option(50, "Held-out greedy evaluation every this many steps.")
-    eval_size: int = option(200, "Held-out prompts used by the evaluation.")
     n_train: int = option(5000, "Training examples (arith: generated; otherwise the first n).")
     warmup_steps: int = option(50, "Linear warm-up steps.")
     lr_scheduler_type: str = option("constant", "constant or cosine (after warm-up).")
     max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.")
     tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
                                                   "(dialogue data); default: the character tokenizer.")
-    seed: int = option(0, "Seed of initialisation, data order and the arith task.")
+
 
 # %% ../nbs/01c_sft.ipynb #d50dec75
 def _sft_model(a, rows):

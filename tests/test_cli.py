@@ -10,7 +10,7 @@ import pytest
 import rlhf_nb as rlhf_nb_pkg
 from rlhf_nb import launch, demo
 from rlhf_nb.algos import GRPOConfig
-from rlhf_nb.config import CheckpointArgs, TrackingArgs, DataArgs, option_declarations, repeated_options
+from rlhf_nb.config import CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs, option_declarations, repeated_options
 from rlhf_nb.dpo import DPOConfig
 from rlhf_nb.models import LoadArgs, LoraArgs, PeftArgs
 from rlhf_nb.ppo import PPOConfig
@@ -78,12 +78,13 @@ def test_stage_help_lists_every_option(tmp_path, name, dc):
 # --- option groups: each shared option declared once -----------------------------------------------------------
 
 def option_classes():
-    "Every option dataclass defined in the package's modules."
+    "Every option dataclass defined in the package's modules: a dataclass whose fields carry help strings (not, e.g., RunLoop)."
     out = []
     for m in pkgutil.iter_modules(rlhf_nb_pkg.__path__):
         if m.name.startswith("_"): continue
         mod = importlib.import_module(f"rlhf_nb.{m.name}")
-        out += [v for v in vars(mod).values() if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == mod.__name__]
+        out += [v for v in vars(mod).values() if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == mod.__name__
+                and any("help" in f.metadata for f in dataclasses.fields(v))]
     return list(dict.fromkeys(out))
 
 
@@ -105,6 +106,13 @@ def test_every_shared_option_is_declared_by_its_group_only():
         for name in g.__dict__["__annotations__"]:
             assert decl[name] == [g], f"{name} is declared by {[c.__name__ for c in decl[name]]}, not only by {g.__name__}"
     assert set(repeated_options(classes)) <= PER_STAGE, set(repeated_options(classes)) - PER_STAGE
+
+
+def test_sft_and_rm_take_their_shared_options_from_one_group():
+    "SupervisedArgs' options are per stage elsewhere (PPO's learning_rate is 3e-5), but SFT and RM declare none of them."
+    decl = option_declarations(option_classes())
+    for name in SupervisedArgs.__dict__["__annotations__"]:
+        assert SupervisedArgs in decl[name] and not {SFTArgs, RMArgs} & set(decl[name]), (name, [c.__name__ for c in decl[name]])
 
 
 def test_one_default_for_lora_target_modules():
