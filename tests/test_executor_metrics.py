@@ -10,18 +10,16 @@ Every run is a fresh process of the CLI's entry point (`tests/_resume_worker.py`
 reward for the arithmetic task, so the tiny untrained policy gets varying scores and real gradients), pinned to one
 torch thread; the fast runs ask for `parallel_roles on` / `parallel_halves on`, which the default ('auto') turns on
 only with two or more threads. No SFT warm start (`--warm_start_dir ""`): the tiny model starts from its seed."""
-import json, math, os, subprocess, sys
+import json, math, subprocess, sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from _worker_env import ROOT, worker_env
+
 WORKER = Path(__file__).with_name("_resume_worker.py")
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {k: v for k, v in os.environ.items() if k not in ("RLHF_NB_DEBUG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_USE_CPU")}
-ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TQDM_DISABLE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-           TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_USAGE_STATS_ENABLED="0",
-           PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+ENV = worker_env()
 TIMEOUT = 300
 RTOL, ATOL = 1e-5, 1e-6
 # ATOL: values near 0 that are differences of float32 sums, e.g. DPO's implicit reward beta*(log pi - log ref) of two

@@ -11,13 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from _worker_env import ROOT, worker_env
+
 pytest.importorskip("ray")
 WORKER = Path(__file__).with_name("_resume_worker.py")
-ROOT = Path(__file__).resolve().parents[1]
-ENV = {k: v for k, v in os.environ.items() if k not in ("RLHF_NB_DEBUG", "WORLD_SIZE", "RANK", "LOCAL_RANK", "ACCELERATE_USE_CPU")}
-ENV.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TQDM_DISABLE="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-           TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", RAY_USAGE_STATS_ENABLED="0",
-           PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+ENV = worker_env()
 TIMEOUT = 300
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU layouts; GPU runs are in the notebook's gpu cells")
 
