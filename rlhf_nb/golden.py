@@ -10,7 +10,7 @@ import transformers
 from .models import load_tokenizer
 from .rl_config import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
-from .dpo import DPOConfig, DPOTrainer, dpo_trainer_class
+from .dpo import DPOConfig, dpo_trainer_class
 
 # %% auto #0
 __all__ = ['RL_COMMON', 'GROUP_RL', 'GOLDEN_RUNS', 'DPO_RUN', 'GOLDEN_METRICS', 'GOLDEN_NAMES', 'GOLDEN_DIR', 'RTOL', 'ATOL',

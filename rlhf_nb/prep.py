@@ -6,15 +6,13 @@
 from __future__ import annotations
 import os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Optional
 import torch
 import pyarrow as pa
 import yaml
 from .data import DataError, ROW_KINDS, SPLITS, Splits, HH_SUBSETS, HH_VARIANTS, validate_rows, write_parquet, read_rows
 from .data import prep_gsm8k, prep_math, prep_hh, prep_hellaswag, prep_rows
 from .arith import make_arith, prep_arith
-from .config import DataArgs
+from .config import DataArgs                           # re-exported: `from rlhf_nb.prep import DataArgs` keeps working
 
 
 # %% auto #0

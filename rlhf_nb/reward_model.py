@@ -4,7 +4,7 @@
 
 # %% ../nbs/01b_reward_model.ipynb #392e3a34
 from __future__ import annotations
-import time, random, logging, dataclasses
+import random, logging, dataclasses
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
