@@ -9,15 +9,17 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'logprobs_from_logits',
-           'entropy_from_logits', 'logprobs_and_entropy', 'masked_sum', 'masked_mean', 'masked_var', 'masked_whiten',
-           'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss', 'policy_loss', 'value_loss',
-           'FixedKLController', 'AdaptiveKLController', 'get_kl_controller', 'UnknownEstimatorError',
-           'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic', 'gae_advantages',
-           'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage', 'discounted_returns',
-           'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'register_policy_loss', 'get_policy_loss',
-           'dual_clip_policy_loss', 'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss', 'aggregate_loss',
-           'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask']
+__all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'IS_CORRECTIONS',
+           'IS_MODE_ALIASES', 'logprobs_from_logits', 'entropy_from_logits', 'logprobs_and_entropy', 'masked_sum',
+           'masked_mean', 'masked_var', 'masked_whiten', 'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss',
+           'policy_loss', 'value_loss', 'FixedKLController', 'AdaptiveKLController', 'get_kl_controller',
+           'UnknownEstimatorError', 'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic',
+           'gae_advantages', 'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage',
+           'discounted_returns', 'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'register_policy_loss',
+           'get_policy_loss', 'dual_clip_policy_loss', 'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss',
+           'aggregate_loss', 'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask',
+           'register_is_correction', 'get_is_correction', 'no_is_correction', 'token_truncate_is', 'token_mask_is',
+           'sequence_truncate_is', 'sequence_mask_is', 'sampling_metrics']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _float32(logits):
@@ -339,9 +341,10 @@ def cispo_policy_loss(old_logprob, logprob, advantages, response_mask, cliprange
 # %% ../nbs/01a_core.ipynb #0122b01d
 def actor_loss(logprob, old_logprob, advantages, response_mask, *, policy_loss_fn="vanilla", ref_logprob=None,
                kl_coef=0.0, kl_estimator="k3", entropy=None, entropy_coef=0.0, loss_agg_mode="token-mean",
-               norm_const=None, **clip):
+               norm_const=None, is_weights=None, **clip):
     "Policy loss (registered `policy_loss_fn`) + kl_coef·KL to `ref_logprob` − entropy_coef·entropy: [B,R] -> (loss, stats)"
     mask = response_mask
+    if is_weights is not None: advantages = advantages * is_weights.detach()   # sampler correction: w·loss_t (w >= 0)
     pg, stats = get_policy_loss(policy_loss_fn)(old_logprob, logprob, advantages, mask, loss_agg_mode=loss_agg_mode,
                                                 norm_const=norm_const, **clip)
     loss, stats = pg, {"pg_loss": pg.detach(), **stats}
@@ -411,3 +414,65 @@ def forward_attention_mask(attention_mask):
     if attention_mask is None: return None
     right_only = bool((attention_mask[:, 1:] <= attention_mask[:, :-1]).all())     # never 0 -> 1 along a row
     return None if right_only else attention_mask
+
+# %% ../nbs/01a_core.ipynb #2d779ea1
+IS_CORRECTIONS = {}
+IS_MODE_ALIASES = {"truncate": "token_truncate", "mask": "token_mask"}    # older TRL spellings
+
+def register_is_correction(name):
+    "Decorator: register `fn(old_logprob, rollout_logprob, response_mask, cap) -> weights[B,R]` as `importance_sampling_mode` `name`."
+    def deco(fn): IS_CORRECTIONS[name] = fn; return fn
+    return deco
+
+def get_is_correction(name):
+    "The correction registered as `name` (TRL's spellings accepted); an unknown name is an error listing the known ones."
+    return _lookup(IS_CORRECTIONS, "importance_sampling_mode", IS_MODE_ALIASES.get(name, name))
+
+def _token_ratio(old_logprob, rollout_logprob):
+    "rho_t = exp(old - rollout), detached: [B,R]."
+    return torch.exp((old_logprob - rollout_logprob).detach().float().clamp(-20.0, 20.0))
+
+def _sequence_ratio(old_logprob, rollout_logprob, response_mask):
+    "rho = prod_t rho_t over each row's valid tokens, detached: [B,R] -> [B,1]."
+    log_rho = ((old_logprob - rollout_logprob).detach().float() * response_mask).sum(-1, keepdim=True)
+    return torch.exp(log_rho.clamp(-20.0, 20.0))
+
+# %% ../nbs/01a_core.ipynb #a088eff4
+@register_is_correction("none")
+def no_is_correction(old_logprob, rollout_logprob, response_mask, cap=None):
+    "Weight 1 on every valid token: [B,R] -> [B,R]."
+    return response_mask.float()
+
+@register_is_correction("token_truncate")
+def token_truncate_is(old_logprob, rollout_logprob, response_mask, cap=3.0):
+    "min(rho_t, cap) per token: [B,R] -> [B,R]."
+    return _token_ratio(old_logprob, rollout_logprob).clamp(max=cap) * response_mask
+
+@register_is_correction("token_mask")
+def token_mask_is(old_logprob, rollout_logprob, response_mask, cap=3.0):
+    "rho_t, or 0 where rho_t > cap: [B,R] -> [B,R]."
+    r = _token_ratio(old_logprob, rollout_logprob)
+    return r.masked_fill(r > cap, 0.0) * response_mask
+
+@register_is_correction("sequence_truncate")
+def sequence_truncate_is(old_logprob, rollout_logprob, response_mask, cap=3.0):
+    "min(rho, cap) of the whole row on each of its tokens: [B,R] -> [B,R]."
+    return _sequence_ratio(old_logprob, rollout_logprob, response_mask).clamp(max=cap) * response_mask
+
+@register_is_correction("sequence_mask")
+def sequence_mask_is(old_logprob, rollout_logprob, response_mask, cap=3.0):
+    "rho of the row, or 0 for a row whose rho > cap: [B,R] -> [B,R]."
+    r = _sequence_ratio(old_logprob, rollout_logprob, response_mask)
+    return r.masked_fill(r > cap, 0.0) * response_mask
+
+# %% ../nbs/01a_core.ipynb #51c05c51
+@torch.no_grad()
+def sampling_metrics(old_logprob, rollout_logprob, response_mask, is_weights=None):
+    "Sampler/trainer mismatch over valid tokens -> TRL's `sampling/...` metrics (ratio stats of `is_weights`, else of rho_t)."
+    m = response_mask.bool()
+    if not m.any(): return {}
+    diff = (old_logprob - rollout_logprob).abs().float()[m]
+    ratio = (is_weights if is_weights is not None else _token_ratio(old_logprob, rollout_logprob)).float()[m]
+    return {"sampling/sampling_logp_difference/mean": float(diff.mean()), "sampling/sampling_logp_difference/max": float(diff.max()),
+            "sampling/importance_sampling_ratio/min": float(ratio.min()), "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+            "sampling/importance_sampling_ratio/max": float(ratio.max())}
