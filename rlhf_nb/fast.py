@@ -44,7 +44,7 @@ def generate_sequences(self: FastActorRolloutWorker, batch):
     sample = partial(split_rollout, parts=self.rollout_threads) if self.rollout_threads > 1 else fast_rollout
     with torch.no_grad(), self.accelerator.autocast():
         ro = sample(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id,
-                    synced=self.synced_generation, groups=groups)
+                    synced=self.synced_generation, groups=groups, sampler_logprobs=True)
     out = {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
     if groups is not None: out["prompt_group"] = groups
     return out

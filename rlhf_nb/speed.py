@@ -10,7 +10,7 @@ from functools import partial
 import torch
 from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 from .models import intra_op_threads, decode_threads
-from .workers import causal_lm_logits, sequence_positions, rollout_batch
+from .workers import causal_lm_logits, sequence_positions, rollout_batch, SamplerLogprobs, sampling_temperature
 
 # %% auto #0
 __all__ = ['chunked_logprobs', 'chunked_entropy', 'chunked_logprobs_and_entropy', 'run_concurrently', 'resolve_parallel_roles',
@@ -213,15 +213,17 @@ def generator_sampling(gc, generator, keep_scores=False):
 # %% ../nbs/01f_speed.ipynb #b7f84598
 @torch.no_grad()
 def fast_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
-                     synced=False, groups=None, generator=None):
+                     synced=False, groups=None, generator=None, sampler_logprobs=False):
     """`generate_rollout` with the speed paths: decode threads for the model (`decode_threads`); `groups`[B] (rows of one
     group hold the same prompt): each prompt prefilled once (`shared_prompt_cache`); `generator`: samples drawn from it."""
     was_training = model.training
     model.eval()
     gc, kw, sampler = copy.deepcopy(generation_config), {}, None
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
+    rec = SamplerLogprobs(sampling_temperature(gc)) if sampler_logprobs else None   # first: it reads the unwarped logits
     if generator is not None and gc.do_sample:
         gc, kw["logits_processor"], sampler = generator_sampling(gc, generator, keep_scores=return_scores)
+    if rec: kw["logits_processor"] = LogitsProcessorList([rec, *kw.get("logits_processor", [])])
     with intra_op_threads(decode_threads(model, input_ids.device)):      # one thread for a small model's decode steps
         share = groups is not None and not synced and input_ids.shape[1] > 1 and len(torch.unique(groups)) < len(groups)
         if share: kw["past_key_values"] = shared_prompt_cache(model, input_ids, attention_mask, groups)
@@ -230,6 +232,7 @@ def fast_rollout(model, input_ids, attention_mask, generation_config, eos_token_
     if was_training: model.train()
     batch = rollout_batch(input_ids, attention_mask, out.sequences[:, input_ids.shape[1]:], eos_token_id, pad_token_id)
     if return_scores: batch["scores"] = torch.stack(sampler.scores if sampler else out.scores, 1)   # [B,R,V] processed logits, for tests
+    if rec: batch["rollout_log_probs"] = rec.result(out.sequences) * batch["response_mask"]
     return batch
 
 # %% ../nbs/01f_speed.ipynb #80b20e90
@@ -248,7 +251,7 @@ def _pad_right(x, n, value):
 
 @torch.no_grad()
 def split_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
-                  synced=False, groups=None, parts=2):
+                  synced=False, groups=None, parts=2, sampler_logprobs=False):
     """`fast_rollout` over `parts` row chunks side by side in threads, each chunk sampling from its own generator
     seeded from the global one: same inputs, same batch layout."""
     if synced: raise ValueError("rollout_threads > 1 needs each rank to hold the whole policy; sharded generation steps all ranks together")
@@ -259,13 +262,15 @@ def split_rollout(model, input_ids, attention_mask, generation_config, eos_token
     def chunk(sl, seed):
         g = torch.Generator(device=input_ids.device).manual_seed(seed)
         return fast_rollout(model, input_ids[sl], attention_mask[sl], generation_config, eos_token_id, pad_token_id,
-                                return_scores=return_scores, groups=None if groups is None else groups[sl], generator=g)
+                                return_scores=return_scores, groups=None if groups is None else groups[sl], generator=g,
+                                sampler_logprobs=sampler_logprobs)
     try: outs = run_concurrently([partial(chunk, sl, s) for sl, s in zip(chunks, seeds)])
     finally: model.train(was_training)
     R = max(o["responses"].shape[1] for o in outs)
     batch = rollout_batch(input_ids, attention_mask, torch.cat([_pad_right(o["responses"], R, pad_token_id) for o in outs]),
                           eos_token_id, pad_token_id)
     if return_scores: batch["scores"] = torch.cat([_pad_right(o["scores"], R, 0.0) for o in outs])  # [B,R,V]; 0 past a chunk's end
+    if sampler_logprobs: batch["rollout_log_probs"] = torch.cat([_pad_right(o["rollout_log_probs"], R, 0.0) for o in outs])
     return batch
 
 # %% ../nbs/01f_speed.ipynb #584c4a38

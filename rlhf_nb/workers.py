@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
-from transformers import GenerationConfig, get_scheduler
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, get_scheduler
 from .core import logprobs_from_logits, logprobs_and_entropy, eos_response_mask, forward_attention_mask
 from .checkpoints import load_weights, torch_load
 from .engine import make_adamw
@@ -18,8 +18,9 @@ from .models import param_bytes, disable_dropout, wrap_lora, is_peft_model
 
 # %% auto #0
 __all__ = ['Role', 'Reference', 'causal_lm_logits', 'reference_memory_table', 'TokenValueModel', 'ActorModule',
-           'make_generation_config', 'sequence_positions', 'rollout_batch', 'generate_rollout', 'make_scheduler',
-           'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker', 'RefPolicyWorker', 'RewardWorker']
+           'make_generation_config', 'sequence_positions', 'rollout_batch', 'SamplerLogprobs', 'sampling_temperature',
+           'generate_rollout', 'make_scheduler', 'TrainedWorker', 'ActorRolloutWorker', 'CriticWorker',
+           'RefPolicyWorker', 'RewardWorker']
 
 # %% ../nbs/01d_workers.ipynb #f2b403df
 class Role(enum.Enum):
@@ -154,18 +155,39 @@ def rollout_batch(input_ids, attention_mask, responses, eos_token_id, pad_token_
             "position_ids": sequence_positions(full_mask), "prompts": input_ids, "prompt_mask": attention_mask,
             "responses": responses, "response_mask": response_mask, "has_eos": has_eos}
 
+class SamplerLogprobs(LogitsProcessor):
+    """A pass-through logits processor that keeps the sampler's log-prob of each token it picks: log_softmax(logits/T),
+    read one step later (the token is known then) and at the end (`result`)."""
+    def __init__(self, temperature=1.0): self.temperature, self.prev, self.out = temperature or 1.0, None, []
+    def __call__(self, input_ids, scores):                               # scores [B,V]: the model's logits of this step
+        if self.prev is not None: self.out.append(self.prev.gather(1, input_ids[:, -1:]))
+        self.prev = torch.log_softmax(scores.float() / self.temperature, -1)
+        return scores
+    def result(self, sequences):
+        "[B,R] log-probs of the last R tokens of `sequences`[B,P+R] (the sampled ones)."
+        if self.prev is not None: self.out.append(self.prev.gather(1, sequences[:, -1:])); self.prev = None
+        return torch.cat(self.out, 1) if self.out else sequences.new_zeros(sequences.shape[0], 0, dtype=torch.float)
+
+def sampling_temperature(gc):
+    "The temperature the sampler's log-probs use: the config's when it samples, 1 for greedy decoding."
+    return (gc.temperature or 1.0) if gc.do_sample else 1.0
+
 @torch.no_grad()
 def generate_rollout(model, input_ids, attention_mask, generation_config, eos_token_id, pad_token_id, return_scores=False,
-                     synced=False):
-    "Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors."
+                     synced=False, sampler_logprobs=False):
+    """Sample responses for left-padded prompts: input_ids[B,P], attention_mask[B,P] -> dict of [B,P+R] / [B,R] tensors
+    (with `sampler_logprobs`: the sampler's log-prob of each response token, `rollout_log_probs`[B,R])."""
     was_training = model.training
     model.eval()
     gc = copy.deepcopy(generation_config)
     gc.return_dict_in_generate, gc.output_scores = True, return_scores
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced)  # synced: sharded ranks step together
+    rec = SamplerLogprobs(sampling_temperature(gc)) if sampler_logprobs else None
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=gc, synced_gpus=synced,  # synced: sharded ranks step together
+                         **({"logits_processor": LogitsProcessorList([rec])} if rec else {}))
     if was_training: model.train()
     batch = rollout_batch(input_ids, attention_mask, out.sequences[:, input_ids.shape[1]:], eos_token_id, pad_token_id)
     if return_scores: batch["scores"] = torch.stack(out.scores, 1)     # [B,R,V] processed logits, for tests
+    if rec: batch["rollout_log_probs"] = rec.result(out.sequences) * batch["response_mask"]
     return batch
 
 # %% ../nbs/01d_workers.ipynb #d87a9483
@@ -244,7 +266,7 @@ def generate_sequences(self: ActorRolloutWorker, batch):
     ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
     with torch.no_grad(), self.accelerator.autocast():
         ro = generate_rollout(self.policy, ids, mask, self.generation_config, self.tokenizer.eos_token_id,
-                              self.tokenizer.pad_token_id, synced=self.synced_generation)
+                              self.tokenizer.pad_token_id, synced=self.synced_generation, sampler_logprobs=True)
     return {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **ro}
 
 # %% ../nbs/01d_workers.ipynb #5128f069

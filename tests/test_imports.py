@@ -11,6 +11,7 @@ CHECKS = {
     "rlhf_nb.prep": "assert m.select_split({'train': list(range(10))}, 'train[:3]') == [0, 1, 2] and len(m.load_split('arith', 'test', n=5)) == 5",
     "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
+    "rlhf_nb.rollout": "b = m.completions_to_batch([[5, 6], [7]], [m.Completion([9, 2], [-0.5, -0.1], 'stop'), m.Completion([4], [-1.0], 'length')], 2, 0); assert m.prompt_lists(b['prompts'], b['prompt_mask']) == [[5, 6], [7]] and m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
     "rlhf_nb.equivalence": "import sys; assert m.guarded_verify('0.5', r'\\frac12', isolation='process') == (True, 'ok') and 'torch' not in sys.modules",
     "rlhf_nb.reward_model": "import torch; assert m.bradley_terry_loss(torch.zeros(2), torch.zeros(2)).item() > 0.69 and m.RMArgs().output_dir",
