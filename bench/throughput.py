@@ -99,6 +99,7 @@ def rl_throughput(algo="grpo", shape=None, steps=3, warmup_steps=1, prompts_per_
     return {"impl": "rlhf-nb", "algo": algo, "device": name, "n_params": n_params, "dtype": "bf16" if cfg.bf16 else "fp32",
             "episodes_per_step": episodes, "prompt_tokens": P, "response_tokens": R, "step_s": step_s,
             "rollout_s": mean("time/rollout"), "logprobs_s": mean("time/logprobs"), "update_s": mean("time/update"),
+            "sync_s": mean("time/sync") if all("time/sync" in h for h in hist) else None,
             "gen_tokens_per_s": episodes * R / mean("time/rollout"), "tokens_per_s": T / step_s,
             "tflops": flops / step_s / 1e12, "mfu": flops / step_s / (peak * 1e12) if peak else None,
             "peak_source": peak_source, **peak_memory(), "world_size": trainer.world}

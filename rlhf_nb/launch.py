@@ -26,6 +26,7 @@ from .models import check_model_path
 from .reward_model import RMArgs, run_reward_model
 from .sft import SFTArgs, EvalArgs, run_sft, run_eval
 from .placement import WorkerLost
+from .rollout import RolloutEngineError, serve_main
 from .rl_config import PPOConfig
 from .algos import GRPOConfig, run_rl
 from .dpo import DPOConfig, run_dpo
@@ -203,7 +204,7 @@ def _pop_option(argv, name):
 
 # %% ../nbs/04c_launch.ipynb #21ef3473
 EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull, RankLost)
+                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull, RankLost, RolloutEngineError)
 
 def _launched_world():
     "Processes of the launch this process is a rank of (torchrun's WORLD_SIZE; 1 when not launched)."
@@ -505,6 +506,7 @@ def health_main(argv=None):
     print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
 
 register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
+register_subcommand("vllm-serve", serve_main, "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
 
 # %% ../nbs/04c_launch.ipynb #65552d24
 #| eval: false

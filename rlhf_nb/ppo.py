@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from accelerate.utils import gather_object
 from transformers import set_seed
 from .config import parse_config
-from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, value_loss, actor_loss,
+from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, value_loss, actor_loss, sampling_metrics,
                           get_kl_controller, get_adv_estimator, informative_groups)
 from .files import agree_disk_full, caught_disk_full
 from .tracking import RunLog, step_samples, append_samples, cut_samples
@@ -28,11 +28,12 @@ from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy, sft_warm_start
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
+from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights
 from .rl_config import PPOConfig, resolve_critic
 
 # %% auto #0
 __all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'RLTrainer', 'agg_units', 'loss_weights', 'mini_batch_metrics',
-           'update_metrics', 'rollout_table', 'ppo_main']
+           'update_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #a4265c3a
 DEFAULT_ROLE_WORKERS = {Role.ActorRollout: ActorRolloutWorker, Role.Critic: CriticWorker, Role.RefPolicy: RefPolicyWorker,
@@ -67,8 +68,10 @@ def step(self: RLTrainer):
     data = self.compute_log_probs_and_values(data); t3 = time.perf_counter()
     data = self.compute_advantages(data)
     upd = self.update(data); t4 = time.perf_counter()
+    sync = self.sync_rollout_weights(); t5 = time.perf_counter()           # the sampler gets the new weights
     m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0})
+    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3,
+              "time/sync": sync, "time/step": t5 - t0})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     self.record_samples(data)
@@ -134,7 +137,8 @@ def actor_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
                               ref_logprob=ref, kl_coef=self.kl_ctl.value, kl_estimator=cfg.kl_estimator, entropy=ent,
                               entropy_coef=cfg.entropy_coef, loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length,
                               cliprange=cfg.cliprange, cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high,
-                              clip_ratio_c=cfg.clip_ratio_c)
+                              clip_ratio_c=cfg.clip_ratio_c,
+                              is_weights=batch_is_weights(data, idx, cfg.importance_sampling_mode, cfg.importance_sampling_cap))
         stats = {**{f"actor/{k}": float(x) for k, x in st.items()}, "actor/entropy": float(masked_mean(ent, mask))}
         if v is not None:                                                # shared value head: one backward for both
             vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
@@ -201,6 +205,9 @@ def init_workers(self: RLTrainer):
     self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
     set_seed(cfg.seed)
     self._load_policy(); self._load_data(); self.placement.build_workers(self)
+    self.rollout = (make_rollout_engine(cfg, self.policy, self.tokenizer, self.workers[Role.ActorRollout], seed=cfg.seed, bf16=cfg.bf16,
+                                        max_model_len=cfg.max_prompt_length + cfg.max_completion_length, world=self.world)
+                    if Role.ActorRollout in self.workers and not self.placement.remote else None)   # under Ray: the actor workers' hf
     self.kl_ctl = get_kl_controller(cfg.kl_coef, cfg.adaptive_kl, cfg.kl_target, cfg.kl_horizon)
     torch.manual_seed(cfg.seed + 1000 * self.rank)                       # sampling differs across ranks
     self._shuffle_seed, self._initialised = cfg.seed, True
@@ -352,14 +359,20 @@ def next_batch(self: RLTrainer):
 # %% ../nbs/02_ppo.ipynb #b06a9256
 @patch
 def generate_sequences(self: RLTrainer, batch):
-    "Rollout role: sample responses for a prompt batch -> the batch with sequences, masks and positions."
-    return self.workers[Role.ActorRollout].generate_sequences(batch)
+    "Rollout role: the engine samples responses for a prompt batch -> the batch with sequences, masks, positions, sampler log-probs."
+    return sample_for_trainer(self.rollout, batch, self.config, self.accelerator.device)
 
 @patch
 def compute_scores(self: RLTrainer, data):
     "Reward role: add `token_level_scores` [B,R] to `data`; -> (data, reward metrics)."
     data["token_level_scores"], metrics = self.workers[Role.RewardModel].compute_scores(data)
     return data, metrics or {}
+
+# %% ../nbs/02_ppo.ipynb #a71fa629
+@patch
+def sync_rollout_weights(self: RLTrainer):
+    "Give the rollout engine the policy's weights as version `global_step + 1` (shared hf engine: the version only); -> seconds."
+    return sync_policy(self.rollout, self.unwrapped_policy, self.global_step + 1)
 
 # %% ../nbs/02_ppo.ipynb #b1a0ef6a
 @patch
@@ -421,20 +434,6 @@ def compute_advantages(self: RLTrainer, data):
     if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
     data["advantages"], data["returns"] = adv, ret
     return data
-
-# %% ../nbs/02_ppo.ipynb #546799ba
-def rollout_table(data, tokenizer, n=None):
-    "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
-    out, mask = [], data["response_mask"].bool()
-    for b in range(data["responses"].shape[0] if n is None else min(n, data["responses"].shape[0])):
-        m = mask[b]
-        row = {"prompt": tokenizer.decode(data["prompts"][b][data["prompt_mask"][b].bool()], skip_special_tokens=True),
-               "response": tokenizer.decode(data["responses"][b][m], skip_special_tokens=True),
-               "score": float(data["token_level_scores"][b].sum()), "length": int(m.sum())}
-        if "kl" in data: row["kl"] = float(data["kl"][b][m].sum())
-        if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
-        out.append(row)
-    return out
 
 # %% ../nbs/02_ppo.ipynb #70d495c6
 @patch
@@ -513,6 +512,7 @@ def load_checkpoint(self: RLTrainer, path):
     if rng.exists(): set_rng_state(torch_load(rng, path))
     else: warnings.warn(f"{rng} missing (checkpoint written by {state.get('world_size')} processes): RNG not restored")
     self.resumed_from = str(path)
+    if getattr(self, "rollout", None) is not None: sync_policy(self.rollout, self.unwrapped_policy, self.global_step)   # restored weights
     return self
 
 # %% ../nbs/02_ppo.ipynb #2c2ff34c
@@ -531,6 +531,9 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
         m["kl/mean"] = _seq_mean(kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator), mask)
     if "values" in data:
         m["critic/values"], m["critic/returns"] = float(masked_mean(data["values"], mask)), float(masked_mean(data["returns"], mask))
+    if "rollout_log_probs" in data:                                      # the sampler/trainer gap, TRL's names
+        w = batch_is_weights(data, slice(None), self.config.importance_sampling_mode, self.config.importance_sampling_cap)
+        m.update(sampling_metrics(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"], w))
     m.update({f"reward/{k}": float(v) for k, v in reward_metrics.items()
               if isinstance(v, (int, float)) or torch.is_tensor(v) and v.numel() == 1})
     return m
@@ -576,7 +579,10 @@ def _fit(self: RLTrainer):
 def fit(self: RLTrainer):
     "Run `max_steps` RL steps (or until `max_seconds`) with evaluation, metrics.jsonl and checkpoints; -> the logged rows."
     if not self._initialised: self.init_workers()
-    with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
+    try:
+        with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
+    finally:
+        if getattr(self, "rollout", None) is not None: self.rollout.shutdown()   # a server rlhf-nb started stops with the run
 
 # %% ../nbs/02_ppo.ipynb #00d4282c
 def ppo_main(argv=None):

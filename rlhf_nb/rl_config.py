@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 import torch
-from .config import option, CheckpointArgs, TrackingArgs
+from .config import ConfigError, option, CheckpointArgs, TrackingArgs
 from .core import kl_penalty, get_policy_loss, estimator_needs_critic, AGG_MODES
 from .dist import AccelerateArgs, check_accelerate_args
 from .models import LoadArgs, LoraArgs
 from .placement import PlacementArgs, check_placement
+from .rollout import RolloutArgs
 
 # %% auto #0
 __all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'resolve_critic']
@@ -116,7 +117,7 @@ class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
 
 # %% ../nbs/01h_rl_config.ipynb #91c8acca
 @dataclass
-class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
+class PPOConfig(RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         super().__post_init__()                                              # the option groups' checks
@@ -138,6 +139,9 @@ class PPOConfig(PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, Lo
         kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
         get_policy_loss(self.policy_loss)
         check_placement(self)                                                # pools, roles, Ray installed: before anything starts
+        if self.rollout_engine != "hf" and self.placement != "colocate":
+            raise ConfigError(f"rollout_engine {self.rollout_engine!r} runs with placement colocate (one trainer process); "
+                              f"under placement {self.placement!r} the actor workers sample with hf")
 
     @property
     def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations

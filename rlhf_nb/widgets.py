@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from fastcore.basics import patch
 from .tracking import DEFAULT_PANELS, plot_metrics, read_metrics
-from .ppo import rollout_table
+from .rollout import rollout_table
 from .rewards import REWARD_REGISTRY, explain_reward
 
 # %% auto #0

@@ -26,7 +26,7 @@ RTOL, ATOL = 1e-5, 1e-6
 # log-probs near -70, whose rounding (about 1e-5 each) the threads' order of adding gradients moves.
 # Wall-clock seconds, not properties of the update: the RL step's phases, the Ray driver's overhead, the elapsed time
 # (RL trainers: time/elapsed; DPO: time).
-EXCLUDED = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/step", "time/ray_overhead", "time/elapsed",
+EXCLUDED = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/sync", "time/step", "time/ray_overhead", "time/elapsed",
             "time")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs: threads and one torch thread per process")
 

@@ -17,7 +17,11 @@ if [ "$before" != "$after" ]; then
   diff <(echo "$before") <(echo "$after") || true
   exit 1
 fi
-echo "== nbdev_test (notebook cells are the tests; slow and gpu cells skipped)"
+echo "== the vLLM (CPU) engine's own virtualenv, set up in the background while the notebooks run (tools/vllm_env.sh)"
+vllm_log=$(mktemp)
+tools/vllm_env.sh >"$vllm_log" 2>&1 &
+vllm_pid=$!
+echo "== nbdev_test (notebook cells are the tests; slow, gpu and vllm cells skipped: tests/test_rollout_vllm.py runs those)"
 nb_log=$(mktemp)
 nbdev_test --n_workers 2 --timing 2>&1 | tee "$nb_log"
 python tools/notebook_budget.py "$nb_log"
@@ -31,5 +35,13 @@ if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null
     echo "WARNING: chromium/chromedriver missing and not root: tests/test_docs_site.py will SKIP its browser check"
   fi
 fi
+if wait "$vllm_pid"; then
+  export RLHF_NB_VLLM_PYTHON="$(tail -n 1 "$vllm_log")"
+  echo "vLLM engine: $RLHF_NB_VLLM_PYTHON"
+else
+  echo "tools/vllm_env.sh failed (tests/test_rollout_vllm.py will fail):"; tail -n 20 "$vllm_log"
+fi
+export RLHF_NB_REQUIRE_VLLM=1
+rm -f "$vllm_log"
 echo "== pytest tests/"
 python -m pytest tests/ -q -p no:cacheprovider
