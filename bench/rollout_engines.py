@@ -90,7 +90,8 @@ def run_arm(kind, **kw):
 
 def table(rows, cols):
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows: out.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
+    for r in rows: out.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
     return "\n".join(out)
 
 
@@ -99,13 +100,15 @@ def main():
     ap.add_argument("--arm"); ap.add_argument("--sizes", default="demo,33.6M,0.5B"); ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--curve", action="store_true"); ap.add_argument("--curve_steps", type=int, default=60)
     ap.add_argument("--seeds", default="0,1"); ap.add_argument("--out", default=str(HERE / "results_rollout.json"))
+    ap.add_argument("--report", action="store_true", help="only rewrite the .md from the .json")
     a = ap.parse_args()
     if a.arm:
         spec = json.loads(a.arm); kind = spec.pop("kind")
         print("ARM " + json.dumps({"step": step_arm, "sync": sync_arm, "curve": curve_arm}[kind](**spec)), flush=True); return
-    import torch, vllm
     out_path = Path(a.out)
     res = json.loads(out_path.read_text()) if out_path.exists() else {}
+    if a.report: return report(res, out_path)
+    import torch, vllm
     res["machine"] = {"cpus": os.cpu_count(), "torch": torch.__version__, "vllm": vllm.__version__,
                       "load_before": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")}
     if a.curve:
@@ -129,12 +132,19 @@ def main():
         res["steps"], res["sync"] = steps, syncs
     res["machine"]["load_after"] = os.getloadavg()[0]
     out_path.write_text(json.dumps(res, indent=1))
+    report(res, out_path)
+
+
+def report(res, out_path):
+    "bench/results_rollout.md from the results."
     md = [f"# Rollout engines on this machine ({res['machine']['date']}, {res['machine']['cpus']} CPUs, vLLM {res['machine']['vllm']})", ""]
     if res.get("steps"):
         for r in res["steps"]:
             base = next((b for b in res["steps"] if b["size"] == r["size"] and b["dtype"] == r["dtype"] and b["engine"] == "hf"), None)
             r["step_vs_hf"] = round(r["step_s"] / base["step_s"], 2) if base else ""
         md += ["## One GRPO step: generate / sync / train (seconds, mean of the timed steps)", "",
+               f"Load average before / after: {res['machine'].get('load_before', 0):.2f} / {res['machine'].get('load_after', 0):.2f}. "
+               "Work per step: demo and 33.6M 16 prompts x 8 completions x 16 tokens, 0.5B shape 4 x 4 x 16.", "",
                table(res["steps"], ["size", "n_params", "dtype", "engine", "step_s", "rollout_s", "sync_s", "train_s", "gen_tokens_per_s", "step_vs_hf"]), ""]
     if res.get("sync"):
         md += ["## Weight sync against model size (median of 3)", "", table(res["sync"], ["size", "n_params", "mbytes", "mode", "sync_s"]), ""]

@@ -129,3 +129,20 @@ def test_accuracy_race_learning_rate_per_size():
     assert lr == R.ACC_LR["6.3M"] and lr < 3e-4 and "6.3M" in src
     a = R.parse_args(["--only", "grpo_accuracy", "--acc_lr", "5e-5"])
     assert R.acc_lr(a, "6.3M", defaults) == (5e-5, "--acc_lr")
+
+
+def test_rollout_engines_bench_logic(tmp_path):
+    "bench/rollout_engines.py: the 0.5B shape with the character vocabulary, an hf step arm, and the report from a results file."
+    import rollout_engines as RE
+    from rlhf_nb.models import char_tokenizer
+    assert RE.shape("0.5B", len(char_tokenizer()))["hidden_size"] == 896
+    r = RE.step_arm("demo", "hf", False, steps=1)
+    assert r["sync_s"] < 1e-3 and r["rollout_s"] > 0                            # the shared hf engine: the version only and r["train_s"] == pytest.approx(r["logprobs_s"] + r["update_s"])
+    res = {"machine": {"date": "d", "cpus": 2, "vllm": "0.32.0", "load_before": 1.0, "load_after": 1.0},
+           "steps": [{"size": "demo", "engine": e, "dtype": "fp32", "n_params": 1, "step_s": s, "rollout_s": 1.0, "sync_s": 0.0,
+                      "train_s": 1.0, "gen_tokens_per_s": 9.0} for e, s in (("hf", 2.0), ("vllm", 3.0))],
+           "sync": [{"size": "demo", "n_params": 1, "mbytes": 3.8, "mode": "colocate", "sync_s": 0.02}]}
+    out = tmp_path / "r.json"; out.write_text(json.dumps(res))
+    subprocess.run([sys.executable, str(ROOT / "bench/rollout_engines.py"), "--report", "--out", str(out)], check=True, timeout=120)
+    md = out.with_suffix(".md").read_text()
+    assert "| demo | 1 | fp32 | vllm | 3 | 1 | 0 | 1 | 9 | 1.5 |" in md and "Weight sync against model size" in md
