@@ -115,7 +115,8 @@ def main():
         from rlhf_nb.sft import sft_warm_start
         sft = sft_warm_start(str(HERE / "_work/sft_arith"), seed=0, progress=False)
         rows = [run_arm("curve", engine=e, steps=a.curve_steps, seed=int(s), sft_dir=str(sft)) for s in a.seeds.split(",") for e in ("hf", "vllm")]
-        res["curve"] = rows
+        new = {(r["engine"], r["seed"]) for r in rows}
+        res["curve"] = sorted([c for c in res.get("curve", []) if (c["engine"], c["seed"]) not in new] + rows, key=lambda c: (c["seed"], c["engine"]))
     else:
         steps, syncs = [], []
         for size in a.sizes.split(","):
@@ -149,8 +150,13 @@ def report(res, out_path):
     if res.get("sync"):
         md += ["## Weight sync against model size (median of 3)", "", table(res["sync"], ["size", "n_params", "mbytes", "mode", "sync_s"]), ""]
     if res.get("curve"):
-        md += ["## Learning curve: GRPO on arithmetic from the SFT start, held-out greedy accuracy", "",
-               table(res["curve"], ["engine", "seed", "steps", "final", "seconds"]), ""]
+        means = []
+        for e in ("hf", "vllm"):
+            f = [c["final"] for c in res["curve"] if c["engine"] == e]
+            if f: means.append({"engine": e, "seed": f"mean of {len(f)}", "steps": res["curve"][0]["steps"], "final": statistics.mean(f),
+                                "seconds": statistics.mean(c["seconds"] for c in res["curve"] if c["engine"] == e)})
+        md += ["## Learning curve: GRPO on arithmetic from the SFT start, held-out greedy accuracy (256 prompts)", "",
+               table(res["curve"] + means, ["engine", "seed", "steps", "final", "seconds"]), ""]
     out_path.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
