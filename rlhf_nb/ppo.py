@@ -28,7 +28,7 @@ from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy, sft_warm_start
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
-from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights
+from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, logs_sampling_gap
 from .rl_config import PPOConfig, resolve_critic
 
 # %% auto #0
@@ -70,8 +70,8 @@ def step(self: RLTrainer):
     upd = self.update(data); t4 = time.perf_counter()
     sync = self.sync_rollout_weights(); t5 = time.perf_counter()           # the sampler gets the new weights
     m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3,
-              "time/sync": sync, "time/step": t5 - t0})
+    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t5 - t0,
+              **({"time/sync": sync} if self.config.rollout_engine != "hf" else {})})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     self.record_samples(data)
@@ -531,7 +531,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
         m["kl/mean"] = _seq_mean(kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator), mask)
     if "values" in data:
         m["critic/values"], m["critic/returns"] = float(masked_mean(data["values"], mask)), float(masked_mean(data["returns"], mask))
-    if "rollout_log_probs" in data:                                      # the sampler/trainer gap, TRL's names
+    if "rollout_log_probs" in data and logs_sampling_gap(self.config):   # the sampler/trainer gap, TRL's names
         w = batch_is_weights(data, slice(None), self.config.importance_sampling_mode, self.config.importance_sampling_cap)
         m.update(sampling_metrics(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"], w))
     m.update({f"reward/{k}": float(v) for k, v in reward_metrics.items()

@@ -137,7 +137,7 @@ def test_rollout_engines_bench_logic(tmp_path):
     from rlhf_nb.models import char_tokenizer
     assert RE.shape("0.5B", len(char_tokenizer()))["hidden_size"] == 896
     r = RE.step_arm("demo", "hf", False, steps=1)
-    assert r["sync_s"] < 1e-3 and r["rollout_s"] > 0                            # the shared hf engine: the version only and r["train_s"] == pytest.approx(r["logprobs_s"] + r["update_s"])
+    assert r["sync_s"] is None and r["rollout_s"] > 0                           # the shared hf engine logs no sync and r["train_s"] == pytest.approx(r["logprobs_s"] + r["update_s"])
     res = {"machine": {"date": "d", "cpus": 2, "vllm": "0.32.0", "load_before": 1.0, "load_after": 1.0},
            "steps": [{"size": "demo", "engine": e, "dtype": "fp32", "n_params": 1, "step_s": s, "rollout_s": 1.0, "sync_s": 0.0,
                       "train_s": 1.0, "gen_tokens_per_s": 9.0} for e, s in (("hf", 2.0), ("vllm", 3.0))],

@@ -134,7 +134,7 @@ def test_a_server_that_dies_mid_run(vpy, tmp_path):
     run = tmp_path / "run"
     trainer = subprocess.Popen([sys.executable, "-m", "rlhf_nb.launch", "grpo", "--model_name_or_path", str(model),
                                 "--rollout_engine", "vllm", "--vllm_mode", "server", "--vllm_server_port", str(port),
-                                "--vllm_server_timeout", "120", "--max_steps", "500", "--save_steps", "1",
+                                "--vllm_server_timeout", "300", "--max_steps", "500", "--save_steps", "1",
                                 "--output_dir", str(run), *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
     try:
         t0 = time.time()
