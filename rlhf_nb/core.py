@@ -10,16 +10,17 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'IS_CORRECTIONS',
-           'IS_MODE_ALIASES', 'logprobs_from_logits', 'entropy_from_logits', 'logprobs_and_entropy', 'masked_sum',
-           'masked_mean', 'masked_var', 'masked_whiten', 'kl_penalty', 'apply_kl_penalty', 'compute_gae', 'agg_loss',
-           'policy_loss', 'value_loss', 'FixedKLController', 'AdaptiveKLController', 'get_kl_controller',
-           'UnknownEstimatorError', 'register_adv_estimator', 'get_adv_estimator', 'estimator_needs_critic',
-           'gae_advantages', 'group_advantages', 'grpo_advantage', 'dr_grpo_advantage', 'rloo_advantage',
-           'discounted_returns', 'reinforce_pp_advantage', 'reinforce_pp_baseline_advantage', 'register_policy_loss',
-           'get_policy_loss', 'dual_clip_policy_loss', 'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss',
-           'aggregate_loss', 'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask',
-           'register_is_correction', 'get_is_correction', 'no_is_correction', 'token_truncate_is', 'token_mask_is',
-           'sequence_truncate_is', 'sequence_mask_is', 'sampling_metrics']
+           'IS_MODE_ALIASES', 'OFF_POLICY_OBJECTIVES', 'logprobs_from_logits', 'entropy_from_logits',
+           'logprobs_and_entropy', 'masked_sum', 'masked_mean', 'masked_var', 'masked_whiten', 'kl_penalty',
+           'apply_kl_penalty', 'compute_gae', 'agg_loss', 'policy_loss', 'value_loss', 'FixedKLController',
+           'AdaptiveKLController', 'get_kl_controller', 'UnknownEstimatorError', 'register_adv_estimator',
+           'get_adv_estimator', 'estimator_needs_critic', 'gae_advantages', 'group_advantages', 'grpo_advantage',
+           'dr_grpo_advantage', 'rloo_advantage', 'discounted_returns', 'reinforce_pp_advantage',
+           'reinforce_pp_baseline_advantage', 'register_policy_loss', 'get_policy_loss', 'dual_clip_policy_loss',
+           'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss', 'aggregate_loss', 'grpo_policy_loss',
+           'informative_groups', 'eos_response_mask', 'forward_attention_mask', 'register_is_correction',
+           'get_is_correction', 'no_is_correction', 'token_truncate_is', 'token_mask_is', 'sequence_truncate_is',
+           'sequence_mask_is', 'sampling_metrics', 'three_policy_inputs', 'importance_sampling_policy_loss']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _float32(logits):
@@ -467,12 +468,38 @@ def sequence_mask_is(old_logprob, rollout_logprob, response_mask, cap=3.0):
 
 # %% ../nbs/01a_core.ipynb #51c05c51
 @torch.no_grad()
-def sampling_metrics(old_logprob, rollout_logprob, response_mask, is_weights=None):
-    "Sampler/trainer mismatch over valid tokens -> TRL's `sampling/...` metrics (ratio stats of `is_weights`, else of rho_t)."
+def sampling_metrics(old_logprob, rollout_logprob, response_mask, is_weights=None, cap=None):
+    "Sampler/trainer mismatch over valid tokens -> TRL's `sampling/...` metrics, KL(old ‖ sampler) and the share of rho_t above `cap`."
     m = response_mask.bool()
     if not m.any(): return {}
-    diff = (old_logprob - rollout_logprob).abs().float()[m]
-    ratio = (is_weights if is_weights is not None else _token_ratio(old_logprob, rollout_logprob)).float()[m]
-    return {"sampling/sampling_logp_difference/mean": float(diff.mean()), "sampling/sampling_logp_difference/max": float(diff.max()),
-            "sampling/importance_sampling_ratio/min": float(ratio.min()), "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
-            "sampling/importance_sampling_ratio/max": float(ratio.max())}
+    log_rho = (old_logprob - rollout_logprob).detach().float().clamp(-20.0, 20.0)[m]
+    rho = torch.exp(log_rho)
+    ratio = is_weights.float()[m] if is_weights is not None else rho
+    out = {"sampling/sampling_logp_difference/mean": float(log_rho.abs().mean()), "sampling/sampling_logp_difference/max": float(log_rho.abs().max()),
+           "sampling/importance_sampling_ratio/min": float(ratio.min()), "sampling/importance_sampling_ratio/mean": float(ratio.mean()),
+           "sampling/importance_sampling_ratio/max": float(ratio.max()),
+           "sampling/kl_prox_behav": float((rho * log_rho - rho + 1).mean())}         # ≥ 0 per token, unbiased under the sampler
+    if cap is not None: out["sampling/truncated_frac"] = float((rho > cap).float().mean())
+    return out
+
+# %% ../nbs/01a_core.ipynb #a1d5fb09
+OFF_POLICY_OBJECTIVES = ("decoupled", "bypass")
+
+def three_policy_inputs(prox_logprob, behav_logprob, response_mask, objective="decoupled", mode="none", cap=3.0):
+    "(log-probs the ratio is taken against, token weights or None) of an off-policy `objective`: [B,R] each."
+    if objective == "bypass":
+        if behav_logprob is None: raise ValueError("objective 'bypass' needs the sampler's log-probs (rollout_log_probs)")
+        return behav_logprob, None
+    if objective != "decoupled": raise ValueError(f"off_policy_objective must be one of {', '.join(OFF_POLICY_OBJECTIVES)}, not {objective!r}")
+    if get_is_correction(mode) is no_is_correction: return prox_logprob, None
+    if behav_logprob is None: raise ValueError(f"importance_sampling_mode {mode!r} needs the sampler's log-probs (rollout_log_probs)")
+    return prox_logprob, get_is_correction(mode)(prox_logprob, behav_logprob, response_mask, cap)
+
+@register_policy_loss("importance_sampling")
+def importance_sampling_policy_loss(old_logprob, logprob, advantages, response_mask, cliprange=0.2, cliprange_low=None,
+                                    cliprange_high=None, clip_ratio_c=None, loss_agg_mode="token-mean", norm_const=None):
+    "Unclipped importance sampling: $-\\hat A_t\\,\\pi_\\theta/\\pi_{old}$ per token, nothing clipped. [B,R] -> (loss, stats)"
+    mask = response_mask.to(logprob.dtype)
+    log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)
+    stats = {"pg_clipfrac": torch.zeros((), dtype=logprob.dtype), "ppo_kl": masked_mean(0.5 * log_ratio.detach() ** 2, mask)}
+    return agg_loss(-advantages * torch.exp(log_ratio), mask, loss_agg_mode, norm_const), stats

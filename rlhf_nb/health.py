@@ -9,8 +9,8 @@ from .tracking import read_metrics, read_samples
 
 # %% auto #0
 __all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'kl_spike', 'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat',
-           'no_signal', 'clip_high', 'health_report', 'format_warnings', 'plot_health', 'save_health',
-           'sample_table_html', 'health_widget']
+           'no_signal', 'clip_high', 'sampler_gap_jump', 'health_report', 'format_warnings', 'plot_health',
+           'save_health', 'sample_table_html', 'health_widget']
 
 # %% ../nbs/04b_health.ipynb #1bdb871e
 def _series(rows, key): return [(r["step"], float(r[key])) for r in rows if key in r and "step" in r and r[key] is not None]
@@ -77,11 +77,31 @@ def clip_high(rows, key="actor/pg_clipfrac", limit=0.3):
     return [] if med <= limit else [{"step": pts[-1][0], "rule": "clip_high", "value": med,
             "message": f"median clip fraction {med:.2f} over the last quarter: lower the learning rate or the epochs"}]
 
-HEALTH_RULES = {f.__name__: f for f in (kl_spike, entropy_collapse, length_without_reward, reward_up_rule_flat, no_signal, clip_high)}
+# %% ../nbs/04b_health.ipynb #1d49f61b
+def sampler_gap_jump(rows, kl_key="sampling/kl_prox_behav", frac_key="sampling/truncated_frac", factor=5.0, min_kl=0.05,
+                     min_frac_rise=0.1, window=10):
+    "Steps where KL(trainer ‖ sampler) jumps past `factor` x its recent median (and `min_kl`), or the truncated share rises by `min_frac_rise`."
+    out = []
+    for key, jumped, what in ((kl_key, lambda v, b: v > factor * max(b, 1e-4) and v > min_kl, "KL(trainer ‖ sampler)"),
+                              (frac_key, lambda v, b: v - b > min_frac_rise, "share of tokens above the importance-weight cap")):
+        pts, was = _series(rows, key), False
+        for i in range(3, len(pts)):
+            base = statistics.median(v for _, v in pts[max(0, i - window):i])
+            s, v = pts[i]
+            now, fire = jumped(v, base), jumped(v, base) and not was      # a jump once, not every step until the median follows
+            was = now
+            if fire:
+                out.append({"step": s, "rule": "sampler_gap_jump", "value": v, "message": f"{what} jumped to {v:.3g} at step {s} "
+                            f"(median before: {base:.3g}): the sampler's batches are too far off-policy; lower max_staleness or the learning rate"})
+    return sorted(out, key=lambda w: w["step"])
+
+HEALTH_RULES = {f.__name__: f for f in (kl_spike, entropy_collapse, length_without_reward, reward_up_rule_flat, no_signal, clip_high,
+                                         sampler_gap_jump)}
 
 # %% ../nbs/04b_health.ipynb #2750986e
 HEALTH_SERIES = {"reward": "score/mean", "held-out accuracy": "eval/accuracy", "all-equal groups": "reward/informative_frac",
-                 "length": "response/length", "entropy": "actor/entropy", "clip fraction": "actor/pg_clipfrac", "KL": "kl/mean"}
+                 "length": "response/length", "entropy": "actor/entropy", "clip fraction": "actor/pg_clipfrac", "KL": "kl/mean",
+                 "sampler gap": "sampling/kl_prox_behav"}
 
 def health_report(run, samples=None, rules=None):
     "Series, warnings (rule, step, message, sample) and sample table of a run folder, or of `run` = list of metric rows."
@@ -110,7 +130,7 @@ def format_warnings(report):
 
 # %% ../nbs/04b_health.ipynb #779f96f6
 _PANEL_OF_RULE = {"kl_spike": "KL", "entropy_collapse": "entropy", "length_without_reward": "length", "reward_up_rule_flat": "reward",
-                  "no_signal": "all-equal groups", "clip_high": "clip fraction"}
+                  "no_signal": "all-equal groups", "clip_high": "clip fraction", "sampler_gap_jump": "sampler gap"}
 
 def plot_health(report, ncols=4):
     "The dashboard of a `health_report`: one panel per series, KL on a symlog scale, warnings marked. -> figure"

@@ -14,17 +14,19 @@ from .checkpoints import rng_state, set_rng_state, torch_load
 from .dist import merge_rank_metrics
 from .workers import Role
 from .sharding import FSDP_ROLE_WORKERS
+from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load_on_host, policy_state, sample_on_host,
+                              shard_batches, staleness_metrics)
 
 # %% auto #0
 __all__ = ['PLACEABLE_ROLES', 'PLACEMENTS', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
            'ResourcePoolManager', 'run_roles', 'complete_pools', 'PlacementArgs', 'require_ray', 'check_placement',
            'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method', 'worker_attr', 'last_lr',
            'prepare_update', 'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole',
-           'RayPlacement', 'fsdp_wanted', 'LocalPlacement', 'make_placement', 'plot_placements', 'step_timeline',
-           'plot_step_timeline']
+           'RayPlacement', 'fsdp_wanted', 'LocalPlacement', 'check_rollout_pool', 'make_placement', 'plot_placements',
+           'step_timeline', 'plot_step_timeline']
 
 # %% ../nbs/01g_placement.ipynb #41d03e48
-PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef)
+PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout)
 
 def parse_role(name):
     "The placeable `Role` that `name` (a `Role` or its name) means; ConfigError listing the valid names otherwise."
@@ -88,7 +90,7 @@ def run_roles(critic_mode, ref_active):
 
 def _refuse_extra_roles(rpm, roles, critic_mode):
     for r in rpm.mapping:
-        if r not in roles and r != Role.RewardModel:
+        if r not in roles and r not in (Role.RewardModel, Role.Rollout):      # Rollout: checked against max_staleness
             why = f"critic is {critic_mode!r}" if r == Role.Critic else "ref_strategy is 'none' (no KL)"
             raise ConfigError(f"role_pools places {r.name} on {rpm.mapping[r]!r} but this run has no {r.name} ({why})")
 
@@ -203,7 +205,7 @@ def build_host_trainer(trainer_cls, config, kwargs, roles):
     cfg = dataclasses.replace(config, placement="colocate", resource_pools=None, role_pools=None, resume_from_checkpoint=None,
                               disable_tqdm=True, report_to="none")
     t = trainer_cls(cfg, **kwargs)
-    t.hosted_roles = set(roles)
+    t.hosted_roles = {Role.ActorRollout if r == Role.Rollout else r for r in roles}   # a Rollout worker holds an actor's policy
     return t.init_workers()
 
 def worker_method(t, role, method, *args):
@@ -411,21 +413,41 @@ RayPlacement.update, RayPlacement.scores = _update, _scores
 # %% ../nbs/01g_placement.ipynb #ae40c1bf
 def _step(self, t):
     "One RL step with the roles on their pools: `RLTrainer.step`'s list, one shard per rank, metrics merged as under DDP."
-    cfg, busy0, t0 = t.config, self.busy, time.perf_counter()
-    shards = self.gather(self.submit(Role.ActorRollout, worker_method, [(b,) for b in self.next_shards(t)], None, "generate_sequences"))[0]
-    t1 = time.perf_counter()
-    shards, rms = self.scores(t, shards)
+    cfg, busy0, t0, prod = t.config, self.busy, time.perf_counter(), t.async_rollouts
+    if prod is None:
+        shards = self.gather(self.submit(Role.ActorRollout, worker_method, [(b,) for b in self.next_shards(t)], None, "generate_sequences"))[0]
+        t1 = time.perf_counter()
+        shards, rms = self.scores(t, shards)
+    else: got = prod.take(t.global_step + 1); shards, rms = got["data"], got["reward_metrics"]; t1 = time.perf_counter()   # sampled ahead
     scores = [d["token_level_scores"].sum(-1) for d in shards]
     shards, fms = map(list, zip(*[t.filter_groups(d) for d in shards])); t2 = time.perf_counter()
     shards = self.log_probs_and_values(t, shards); t3 = time.perf_counter()
     stats = self.update(t, shards); t4 = time.perf_counter()
+    if prod is not None: prod.publish(t.global_step + 1, self.group_of(Role.ActorRollout).actors[0].run.remote(policy_state))   # a reference: no copy here
     per_rank = [t.step_metrics(d, s, u, {**rm, **fm}) for d, s, u, rm, fm in zip(shards, scores, stats, rms, fms)]
     m = merge_rank_metrics(per_rank) if len(per_rank) > 1 else per_rank[0]
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3,
-              "time/step": t4 - t0, "time/ray_overhead": (t4 - t0) - (self.busy - busy0)})
+    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0,
+              **({"time/ray_overhead": (t4 - t0) - (self.busy - busy0)} if prod is None else staleness_metrics(t.global_step + 1, [got["version"]] * len(shards), prod))})
     if "kl/mean" in m and cfg.adaptive_kl: t.kl_ctl.update(m["kl/mean"], cfg.episodes_per_step * self.world)
     return m
 RayPlacement.step = _step
+
+# %% ../nbs/01g_placement.ipynb #108f3988
+def _async_producer(self, t, first, ready):
+    "The producer of an asynchronous run: sample on the Rollout pool (seeded per step), score in the driver or the reward pool."
+    cfg, world = t.config, self.world
+    def sample(j, version):
+        batches, state = shard_batches(t, world)
+        params = batch_params(cfg, j)
+        shards = self.gather(self.submit(Role.Rollout, sample_on_host, [(b, params) for b in batches]))[0]
+        for d in shards: check_batch_logprobs(d, cfg, "hf")
+        shards, rms = self.scores(t, shards)
+        return {"data": shards, "reward_metrics": rms, "version": version, "sampler_state": state}
+    def load(ref, version): self.gather(self.submit(Role.Rollout, load_on_host, [(ref, version)] * world))
+    p = RolloutProducer(sample, load, cfg.max_staleness, first=first, last=cfg.max_steps, loaded_version=-1, ready=ready)
+    p.publish(t.global_step, self.group_of(Role.ActorRollout).actors[0].run.remote(policy_state))   # the weights it starts from
+    return p.start()
+RayPlacement.async_producer = _async_producer
 
 # %% ../nbs/01g_placement.ipynb #2c060644
 class _RefFlag:
@@ -467,11 +489,21 @@ class LocalPlacement:
         t._build_workers()
 
 # %% ../nbs/01g_placement.ipynb #da2faddf
+def check_rollout_pool(rpm, max_staleness):
+    "Refuse an asynchronous Ray run without a Rollout pool, or a Rollout pool on the actor's workers."
+    pool, actor_pool = rpm.pool_of(Role.Rollout), rpm.pool_of(Role.ActorRollout)
+    if max_staleness and pool is None:
+        raise ConfigError(f"max_staleness {max_staleness} under placement ray samples on a Rollout pool of its own: add e.g. "
+                          "resource_pools trainer=1,sampler=1 and role_pools ActorRollout=trainer,Rollout=sampler")
+    if pool is not None and pool == actor_pool:
+        raise ConfigError(f"Rollout must have a pool of its own, not ActorRollout's {pool!r}: the sampler overlaps training only on other workers")
+    return rpm
+
 def make_placement(args, rpm, critic_mode, ref_active):
     "The placement a config (and an optional `ResourcePoolManager`) asks for, checked against the run's roles."
     table = check_placement(args)
     if args.placement != "ray": return LocalPlacement(args)
-    return RayPlacement(args, complete_pools(rpm or table, critic_mode, ref_active))
+    return RayPlacement(args, check_rollout_pool(complete_pools(rpm or table, critic_mode, ref_active), getattr(args, "max_staleness", 0)))
 
 # %% ../nbs/01g_placement.ipynb #ef836029
 PLACEMENT_LAYOUTS = {

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import copy, dataclasses, json, sys, time, warnings
 from pathlib import Path
-from types import SimpleNamespace
 import torch
 from fastcore.basics import patch
 from accelerate.utils import gather_object
@@ -28,8 +27,9 @@ from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy, sft_warm_start
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
-from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, logs_sampling_gap
-from .rl_config import PPOConfig, resolve_critic
+from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, ratio_inputs, logs_sampling_gap
+from .rl_config import PPOConfig, resolve_critic, run_kind
+from .async_rl import start_producer, in_flight_state, staleness_metrics, published_weights, IN_FLIGHT_FILE
 
 # %% auto #0
 __all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'RLTrainer', 'agg_units', 'loss_weights', 'mini_batch_metrics',
@@ -48,9 +48,8 @@ class RLTrainer:
         self.train_dataset, self.eval_dataset, self.reward_manager = train_dataset, eval_dataset, reward_manager or reward_fn
         self.resource_pool_manager, self.reward_fn, self.val_reward_fn = resource_pool_manager, reward_fn, val_reward_fn
         self.role_worker_mapping = {**DEFAULT_ROLE_WORKERS, **(role_worker_mapping or {})}
-        self.workers, self.run_log = {}, None
-        self.global_step, self.sampler_state = 0, {"epoch": 0, "offset": 0}
-        self._initialised = False
+        self.workers, self.run_log, self.async_rollouts = {}, None, None   # async_rollouts: the sampler thread of max_staleness > 0
+        self.global_step, self.sampler_state, self._initialised = 0, {"epoch": 0, "offset": 0}, False
 
     @property
     def history(self): return self.run_log.history if self.run_log else []
@@ -61,8 +60,10 @@ def step(self: RLTrainer):
     "One RL step: rollout → rewards → (group filter) → log-probs and values → advantages → update. -> metrics"
     if self.placement.remote: return self.placement.step(self)          # the same list, each role on its Ray pool
     t0 = time.perf_counter()
-    data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
-    data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
+    if self.async_rollouts is None:
+        data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
+        data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
+    else: got = self.async_rollouts.take(self.global_step + 1); data, rm_metrics = got["data"], got["reward_metrics"]; t1 = t2 = time.perf_counter()
     scores = data["token_level_scores"].sum(-1)                          # the whole sampled batch
     data, filter_metrics = self.filter_groups(data)
     data = self.compute_log_probs_and_values(data); t3 = time.perf_counter()
@@ -71,7 +72,8 @@ def step(self: RLTrainer):
     sync = self.sync_rollout_weights(); t5 = time.perf_counter()           # the sampler gets the new weights
     m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t5 - t0,
-              **({"time/sync": sync} if self.config.rollout_engine != "hf" else {})})
+              **({"time/sync": sync} if self.config.rollout_engine != "hf" or self.async_rollouts else {}),
+              **(staleness_metrics(self.global_step + 1, [got["version"]], self.async_rollouts) if self.async_rollouts else {})})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     self.record_samples(data)
@@ -133,12 +135,12 @@ def actor_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
     with actor.micro_batch(last):
         lp, ent, v = actor.forward(data, idx, with_entropy=True)
         ref = data["ref_log_probs"][idx] if cfg.use_kl_loss and self.reference.active else None
-        loss, st = actor_loss(lp, data["old_log_probs"][idx], data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
+        base, w = ratio_inputs(data, idx, cfg)                          # the ratio's denominator and token weights (see core)
+        loss, st = actor_loss(lp, base, data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
                               ref_logprob=ref, kl_coef=self.kl_ctl.value, kl_estimator=cfg.kl_estimator, entropy=ent,
                               entropy_coef=cfg.entropy_coef, loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length,
                               cliprange=cfg.cliprange, cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high,
-                              clip_ratio_c=cfg.clip_ratio_c,
-                              is_weights=batch_is_weights(data, idx, cfg.importance_sampling_mode, cfg.importance_sampling_cap))
+                              clip_ratio_c=cfg.clip_ratio_c, is_weights=w)
         stats = {**{f"actor/{k}": float(x) for k, x in st.items()}, "actor/entropy": float(masked_mean(ent, mask))}
         if v is not None:                                                # shared value head: one backward for both
             vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
@@ -372,6 +374,7 @@ def compute_scores(self: RLTrainer, data):
 @patch
 def sync_rollout_weights(self: RLTrainer):
     "Give the rollout engine the policy's weights as version `global_step + 1` (shared hf engine: the version only); -> seconds."
+    if self.async_rollouts is not None: return self.async_rollouts.publish_timed(self.global_step + 1, lambda: published_weights(self.unwrapped_policy))
     return sync_policy(self.rollout, self.unwrapped_policy, self.global_step + 1)
 
 # %% ../nbs/02_ppo.ipynb #b1a0ef6a
@@ -470,13 +473,15 @@ def evaluate(self: RLTrainer):
 def save_checkpoint(self: RLTrainer):
     "Write `output_dir/checkpoint-{step}`: every worker's weights, the optimiser states and the trainer's state."
     actor, critic = self.workers[Role.ActorRollout], self.workers.get(Role.Critic)
+    in_flight, sampler_state = in_flight_state(self.async_rollouts, self.global_step, self.sampler_state)   # batches sampled ahead
     def write(tmp):
         actor.save(tmp)
+        if in_flight is not None: torch.save(in_flight, tmp / IN_FLIGHT_FILE)
         if critic is not None: critic.save(tmp)
         a, c = actor.state_dict(), critic.state_dict() if critic is not None else {}
         torch.save({"actor_opt": a["optimizer"], "actor_sched": a["scheduler"], "critic_opt": c.get("optimizer"),
                     "critic_sched": c.get("scheduler")}, tmp / "optimizer.pt")
-    state = {"global_step": self.global_step, "sampler_state": self.sampler_state, "kl_ctl": self.kl_ctl.state_dict(),
+    state = {"global_step": self.global_step, "sampler_state": sampler_state, "kl_ctl": self.kl_ctl.state_dict(),
              "world_size": self.world, "config": dataclasses.asdict(self.config)}
     for w in (actor, critic):                                            # sharded weights: every rank joins the gather
         if hasattr(w, "gather_for_save"): w.gather_for_save()
@@ -484,22 +489,15 @@ def save_checkpoint(self: RLTrainer):
                             self.accelerator.wait_for_everyone, self.config.save_total_limit)
 
 # %% ../nbs/02_ppo.ipynb #3a0f64bb
-def _run_kind(cfg):
-    "(adv_estimator, critic mode, use_peft) of the run a config (object or dict) describes."
-    c = SimpleNamespace(**{k: cfg.get(k) for k in ("adv_estimator", "critic", "use_peft")}) if isinstance(cfg, dict) else cfg
-    try: mode = resolve_critic(c)
-    except Exception: mode = c.critic                                    # an estimator this install does not know
-    return c.adv_estimator, mode, bool(c.use_peft)
-
 @patch
 def load_checkpoint(self: RLTrainer, path):
     "Resume from a checkpoint folder, or from the newest complete one in `output_dir` when `path == 'latest'`."
     path = resolve_checkpoint(self.config.output_dir, path, missing_files)
     state = read_checked(path / "trainer_state.json", lambda p: json.loads(p.read_text()), path)
-    if "config" in state and _run_kind(state["config"]) != _run_kind(self.config):
+    if "config" in state and run_kind(state["config"]) != run_kind(self.config):
         say = lambda k: f"{k[0]} (critic: {k[1]}{', peft' if k[2] else ''})"
-        raise ValueError(f"checkpoint {path} was written by a {say(_run_kind(state['config']))} run; this run is "
-                         f"{say(_run_kind(self.config))}: resume only with the same adv_estimator, critic and use_peft")
+        raise ValueError(f"checkpoint {path} was written by a {say(run_kind(state['config']))} run; this run is "
+                         f"{say(run_kind(self.config))}: resume only with the same adv_estimator, critic and use_peft")
     actor, critic = self.workers[Role.ActorRollout], self.workers.get(Role.Critic)
     actor.load(path, root=path)
     if critic is not None: critic.load(path, root=path)
@@ -511,7 +509,7 @@ def load_checkpoint(self: RLTrainer, path):
     rng = path / f"rng_state_{self.rank}.pt"
     if rng.exists(): set_rng_state(torch_load(rng, path))
     else: warnings.warn(f"{rng} missing (checkpoint written by {state.get('world_size')} processes): RNG not restored")
-    self.resumed_from = str(path)
+    self.resumed_from, self.in_flight = str(path), (torch_load(path / IN_FLIGHT_FILE, path) if (path / IN_FLIGHT_FILE).exists() else None)
     if getattr(self, "rollout", None) is not None: sync_policy(self.rollout, self.unwrapped_policy, self.global_step)   # restored weights
     return self
 
@@ -533,7 +531,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
         m["critic/values"], m["critic/returns"] = float(masked_mean(data["values"], mask)), float(masked_mean(data["returns"], mask))
     if "rollout_log_probs" in data and logs_sampling_gap(self.config):   # the sampler/trainer gap, TRL's names
         w = batch_is_weights(data, slice(None), self.config.importance_sampling_mode, self.config.importance_sampling_cap)
-        m.update(sampling_metrics(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"], w))
+        m.update(sampling_metrics(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"], w, self.config.importance_sampling_cap))
     m.update({f"reward/{k}": float(v) for k, v in reward_metrics.items()
               if isinstance(v, (int, float)) or torch.is_tensor(v) and v.numel() == 1})
     return m
@@ -564,6 +562,7 @@ def _fit(self: RLTrainer):
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
     if acc.is_main_process: cut_samples(cfg.output_dir, self.global_step)     # a resumed run replays the steps after its checkpoint
     acc.wait_for_everyone()
+    self.async_rollouts = start_producer(self)                           # max_staleness > 0: the sampler runs ahead on its own
     def step(n): m = self.step(); self.global_step = n; return m
     RunLoop(step, cfg.max_steps, self.global_step, evaluate=self.evaluate if cfg.eval_steps and self.eval_dataset else None,
             eval_due=lambda n: n % cfg.eval_steps == 0, eval_at_start=bool(cfg.eval_steps), log=self.run_log.log,
@@ -582,6 +581,7 @@ def fit(self: RLTrainer):
     try:
         with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
     finally:
+        if self.async_rollouts is not None: self.async_rollouts.stop(); self.async_rollouts = None
         if getattr(self, "rollout", None) is not None: self.rollout.shutdown()   # a server rlhf-nb started stops with the run
 
 # %% ../nbs/02_ppo.ipynb #00d4282c

@@ -5,6 +5,7 @@
 # %% ../nbs/01h_rl_config.ipynb #985d729f
 from __future__ import annotations
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 import torch
 from .config import ConfigError, option, CheckpointArgs, TrackingArgs
@@ -13,9 +14,10 @@ from .dist import AccelerateArgs, check_accelerate_args
 from .models import LoadArgs, LoraArgs
 from .placement import PlacementArgs, check_placement
 from .rollout import RolloutArgs
+from .async_rl import AsyncArgs
 
 # %% auto #0
-__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'resolve_critic']
+__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'resolve_critic', 'run_kind']
 
 # %% ../nbs/01h_rl_config.ipynb #8ebcb122
 @dataclass
@@ -117,7 +119,7 @@ class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
 
 # %% ../nbs/01h_rl_config.ipynb #91c8acca
 @dataclass
-class PPOConfig(RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
+class PPOConfig(AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         super().__post_init__()                                              # the option groups' checks
@@ -154,3 +156,10 @@ def resolve_critic(config):
     if needs and config.critic == "none":
         raise ValueError(f"adv_estimator {config.adv_estimator!r} needs a critic; critic='none' is not possible")
     return config.critic
+
+def run_kind(cfg):
+    "(adv_estimator, critic mode, use_peft) of the run a config (object or dict) describes: what a checkpoint must match to resume."
+    c = SimpleNamespace(**{k: cfg.get(k) for k in ("adv_estimator", "critic", "use_peft")}) if isinstance(cfg, dict) else cfg
+    try: mode = resolve_critic(c)
+    except Exception: mode = c.critic                                    # an estimator this install does not know
+    return c.adv_estimator, mode, bool(c.use_peft)

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastcore.basics import patch
 from .config import ConfigError, option
-from .core import IS_CORRECTIONS, IS_MODE_ALIASES, get_is_correction
+from .core import IS_CORRECTIONS, IS_MODE_ALIASES, get_is_correction, three_policy_inputs
 from .models import is_peft_model
 from .workers import make_generation_config, rollout_batch
 from .speed import fast_rollout, prompt_groups
@@ -24,8 +24,8 @@ from .speed import fast_rollout, prompt_groups
 __all__ = ['ENGINES', 'VLLM_MODES', 'RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad',
            'completions_to_batch', 'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for',
            'HFEngine', 'save_for_engine', 'VLLMEngine', 'serve', 'serve_main', 'VLLMServerEngine', 'sample_for_trainer',
-           'batch_is_weights', 'logs_sampling_gap', 'sync_policy', 'rollout_table', 'RolloutArgs', 'check_rollout_args',
-           'make_rollout_engine']
+           'batch_is_weights', 'ratio_inputs', 'logs_sampling_gap', 'sync_policy', 'rollout_table', 'RolloutArgs',
+           'check_rollout_args', 'make_rollout_engine']
 
 # %% ../nbs/01fr_rollout.ipynb #bfe6d5b2
 class RolloutEngineError(RuntimeError):
@@ -78,10 +78,12 @@ def completions_to_batch(prompts, completions, eos_token_id, pad_token_id):
     ids, mask = left_pad(prompts, pad_token_id)
     R = max(1, max(len(c.token_ids) for c in completions))
     resp, lp = torch.full((len(prompts), R), pad_token_id, dtype=torch.long), torch.zeros(len(prompts), R)
+    has_lp = all(c.logprobs is not None for c in completions)           # an engine may return ids only
     for i, c in enumerate(completions):
-        if c.token_ids: resp[i, :len(c.token_ids)], lp[i, :len(c.token_ids)] = torch.tensor(c.token_ids), torch.tensor(c.logprobs, dtype=torch.float)
+        if c.token_ids: resp[i, :len(c.token_ids)] = torch.tensor(c.token_ids)
+        if c.token_ids and has_lp: lp[i, :len(c.token_ids)] = torch.tensor(c.logprobs, dtype=torch.float)
     batch = rollout_batch(ids, mask, resp, eos_token_id, pad_token_id)
-    batch["rollout_log_probs"] = lp * batch["response_mask"]
+    if has_lp: batch["rollout_log_probs"] = lp * batch["response_mask"]
     return batch
 
 def batch_completions(batch, weight_version=0):
@@ -433,9 +435,17 @@ def batch_is_weights(data, idx, mode, cap):
     if mode == "none" or "rollout_log_probs" not in data: return None
     return get_is_correction(mode)(data["old_log_probs"][idx], data["rollout_log_probs"][idx], data["response_mask"][idx], cap)
 
+# %% ../nbs/01fr_rollout.ipynb #5c65bda9
+def ratio_inputs(data, idx, args):
+    "(log-probs the clip ratio of rows `idx` is taken against, token weights or None) under `args`' off-policy objective (core)."
+    behav = data["rollout_log_probs"][idx] if "rollout_log_probs" in data else None
+    mode = args.importance_sampling_mode if behav is not None else "none"   # a synchronous run without sampler log-probs: as before
+    return three_policy_inputs(data["old_log_probs"][idx], behav, data["response_mask"][idx],
+                               getattr(args, "off_policy_objective", "decoupled"), mode, args.importance_sampling_cap)
+
 def logs_sampling_gap(args):
-    "Whether a trainer logs the sampler/trainer gap: a sampler that is not its own model, or a correction asked for."
-    return args.rollout_engine != "hf" or args.importance_sampling_mode != "none"
+    "Whether a trainer logs the sampler/trainer gap: a sampler that is not its own model (vLLM, or an asynchronous one), or a correction asked for."
+    return args.rollout_engine != "hf" or args.importance_sampling_mode != "none" or getattr(args, "max_staleness", 0) > 0
 
 def sync_policy(engine, policy, version):
     "Give `engine` the weights of `policy` as `version` (a shared hf engine: the version only); -> seconds."

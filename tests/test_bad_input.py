@@ -115,7 +115,7 @@ def test_dpo_bad_option(run, tmp_path, opt, value, needle):
 
 def test_unknown_policy_loss_lists_the_registered_ones(run, tmp_path):
     one_line(*run("grpo", "--policy_loss", "gpso", "--output_dir", tmp_path / "out", *TINY),
-             "unknown policy loss 'gpso'", "cispo, dual_clip, gspo, vanilla")
+             "unknown policy loss 'gpso'", "cispo, dual_clip, gspo, importance_sampling, vanilla")
     assert not (tmp_path / "out").exists()
 
 

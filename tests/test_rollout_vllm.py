@@ -111,6 +111,16 @@ def test_cli_colocated_writes_sampling_metrics(vpy, tmp_path):
     assert all(g["sampling/sampling_logp_difference/max"] < 1e-3 for g in got)     # fp32: engine and trainer agree
 
 
+def test_cli_one_step_off_with_vllm(vpy, tmp_path):
+    "`--max_staleness 1` with vLLM colocated: the engine samples the next batch on the producer thread; staleness 0, 1, 1, 1."
+    r = cli("grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine", "vllm", "--max_steps", "4", "--max_staleness", "1",
+            "--output_dir", tmp_path / "run", *TINY, cwd=tmp_path, python=vpy)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = rows(tmp_path / "run")
+    assert [g["staleness/max"] for g in got] == [0, 1, 1, 1]
+    assert all({"sampling/kl_prox_behav", "sampling/truncated_frac", "time/trainer_wait"} <= set(g) for g in got)
+
+
 def test_cli_server_mode_started_by_the_trainer(vpy, tmp_path):
     "The trainer (this interpreter, no vLLM) starts a server from the vLLM virtualenv, trains 3 steps, stops it."
     r = cli("grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine", "vllm", "--vllm_mode", "server",
