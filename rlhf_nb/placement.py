@@ -444,7 +444,8 @@ def _async_producer(self, t, first, ready):
         shards, rms = self.scores(t, shards)
         return {"data": shards, "reward_metrics": rms, "version": version, "sampler_state": state}
     def load(ref, version): self.gather(self.submit(Role.Rollout, load_on_host, [(ref, version)] * world))
-    p = RolloutProducer(sample, load, cfg.max_staleness, first=first, last=cfg.max_steps, loaded_version=-1, ready=ready)
+    p = RolloutProducer(sample, load, cfg.max_staleness, first=first, last=cfg.max_steps, loaded_version=-1, ready=ready,
+                        start_version=t.global_step)
     p.publish(t.global_step, self.group_of(Role.ActorRollout).actors[0].run.remote(policy_state))   # the weights it starts from
     return p.start()
 RayPlacement.async_producer = _async_producer

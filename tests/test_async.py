@@ -86,3 +86,12 @@ def test_bad_async_options_are_one_line(args, needle, tmp_path, capsys, monkeypa
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     assert rc == 2 and len(err) == 1 and needle in err[0], (rc, err)
     assert not out.exists() or not any(out.iterdir()), f"a refused run wrote {list(out.iterdir())}"
+
+
+def test_resume_a_synchronous_checkpoint_asynchronously(tmp_path):
+    "A checkpoint without batches in flight resumes with max_staleness 1: the first batch uses the restored weights (staleness 0)."
+    sync, out = tmp_path / "sync", tmp_path / "async"
+    Run(cmd("grpo", sync, "--save_total_limit", 100), sync).ok()
+    Run(cmd("grpo", out, "--max_staleness", 1, "--resume_from_checkpoint", sync / "checkpoint-3"), out).ok()
+    got = [r for r in rows(out) if r["step"] > 3]
+    assert [r["staleness/max"] for r in got] == [0] + [1] * (N - 4)
