@@ -28,7 +28,7 @@ def arm(staleness, steps, seed, sft_dir, objective="decoupled"):
     "One GRPO run on the Ray split with `max_staleness` = `staleness`: per-step timings and the held-out accuracy."
     from rlhf_nb.algos import GRPOConfig, rl_trainer_class
     cfg = GRPOConfig(model_name_or_path=sft_dir, max_steps=steps, eval_steps=steps, seed=seed, learning_rate=2e-4, kl_coef=0.0,
-                     ref_strategy="none", max_staleness=staleness, off_policy_objective=objective, placement="ray",
+                     ref_strategy="none", max_staleness=staleness, off_policy_objective=objective if staleness else "decoupled", placement="ray",
                      resource_pools="trainer=1,sampler=1", role_pools="ActorRollout=trainer,Rollout=sampler", ray_num_cpus=2,
                      output_dir=tempfile.mkdtemp(prefix=f"bench_async_{staleness}_"), disable_tqdm=True, save_final=False, report_to="none")
     trainer = rl_trainer_class(cfg)(cfg)
@@ -38,7 +38,7 @@ def arm(staleness, steps, seed, sft_dir, objective="decoupled"):
     timed = rows[WARMUP:]
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     mean = lambda k: statistics.mean(r[k] for r in timed)
-    return {"max_staleness": staleness, "seed": seed, "steps": steps, "step_s": mean("time/step"), "trainer_wait_s": mean("time/trainer_wait"),
+    return {"max_staleness": staleness, "objective": objective if staleness else "-", "seed": seed, "steps": steps, "step_s": mean("time/step"), "trainer_wait_s": mean("time/trainer_wait"),
             "sampler_wait_s": mean("time/sampler_wait"), "staleness_max": max(r["staleness/max"] for r in rows),
             "kl_prox_behav": statistics.mean(r.get("sampling/kl_prox_behav", 0.0) for r in rows),
             "acc_start": evals[0][1], "acc_final": evals[-1][1], "seconds": hist[-1].get("time/elapsed")}
@@ -77,12 +77,18 @@ def table(rows, cols):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arm"); ap.add_argument("--steps", type=int, default=60); ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--objective", default="bypass", help="the max_staleness 1 arm's loss: bypass (the default of an asynchronous run) or decoupled (no correction with the hf engine)")
+    ap.add_argument("--reuse_sync", help="a results json whose synchronous rows (same steps, seeds) are kept: run only the asynchronous arm")
     a = ap.parse_args()
     if a.arm: print("ARM " + json.dumps(arm(**json.loads(a.arm))), flush=True); return
     from rlhf_nb.sft import sft_warm_start
     sft = str(sft_warm_start(str(HERE / "_work/sft_arith"), seed=0, progress=False))
     load0, t0 = os.getloadavg()[0], time.time()
-    rows = [run_arm(staleness=s, steps=a.steps, seed=int(seed), sft_dir=sft) for seed in a.seeds.split(",") for s in (0, 1)]
+    old = json.loads(Path(a.reuse_sync).read_text())["rows"] if a.reuse_sync else []
+    keep = [r for r in old if r["max_staleness"] == 0 and r["steps"] == a.steps and str(r["seed"]) in a.seeds.split(",")]
+    rows = keep + [run_arm(staleness=s, steps=a.steps, seed=int(seed), sft_dir=sft, objective=a.objective)
+                   for seed in a.seeds.split(",") for s in ((1,) if keep else (0, 1))]
+    for r in rows: r.setdefault("objective", "decoupled" if r["max_staleness"] else "-")
     summary = summarise(rows)
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0],
            "wall_s": time.time() - t0, "rows": rows, "summary": summary}
@@ -90,7 +96,7 @@ def main():
     md = [f"# Asynchronous GRPO on Ray against synchronous, same two workers ({res['date']}, {res['cpus']} CPUs)", "",
           f"Load average before / after: {load0:.2f} / {res['load_after']:.2f}. {a.steps} steps per arm (the first {WARMUP} not timed), "
           "16 prompts x 8 completions x 16 tokens, the ~1M demo model from the SFT start; pools trainer=1, sampler=1 (one CPU each).", "",
-          table(rows, ["max_staleness", "seed", "step_s", "trainer_wait_s", "sampler_wait_s", "staleness_max", "kl_prox_behav", "acc_start", "acc_final"]), "",
+          table(rows, ["max_staleness", "objective", "seed", "step_s", "trainer_wait_s", "sampler_wait_s", "staleness_max", "kl_prox_behav", "acc_start", "acc_final"]), "",
           "## Summary (medians over seeds; accuracy: mean)", "", table([summary], list(summary)), "",
           f"One-step-off takes **{summary.get('measured_ratio', float('nan')):.2f}x** the synchronous time per step (target <= 0.75); "
           f"the ideal from the synchronous arm's T_gen = {summary['t_gen_s']:.3f} s and T_train = {summary['t_train_s']:.3f} s is "
