@@ -9,7 +9,8 @@ from .data import SPLITS, Splits
 
 
 # %% auto #0
-__all__ = ['ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'arith_split', 'make_arith', 'prep_arith']
+__all__ = ['ARITH_TEST_BUCKETS', 'ARITH_TEMPLATES', 'ARITH_NAMES', 'ARITH_ITEMS', 'arith_split', 'make_arith', 'prep_arith',
+           'make_calc', 'prep_calc']
 
 # %% ../nbs/00a_arith.ipynb #3a633fd8
 def _eval_expr(nums, ops):
@@ -102,3 +103,14 @@ def prep_arith(n_train=5000, n_test=500, seed=0, digits=2, ops="+", steps=1, wor
     "The arithmetic task as `{'train': rows, 'test': rows}`, with `make_arith`'s knobs."
     kw = dict(digits=digits, ops=ops, steps=steps, word_problems=word_problems, allow_negative=allow_negative)
     return Splits(train=make_arith(n_train, "train", seed, **kw), test=make_arith(n_test, "test", seed, **kw))
+
+# %% ../nbs/00a_arith.ipynb #a6b56a16
+def make_calc(n, split="train", seed=0, digits=3):
+    "`n` multiplication rows (`Q: 347*281=`) for the `calculator` environment: `make_arith` rows naming it in `extra_info`."
+    rows = make_arith(n, split, seed=seed, digits=digits, ops="*")
+    for r in rows: r["extra_info"].update(environment="calculator", form="calc")
+    return rows
+
+def prep_calc(n_train=5000, n_test=500, seed=0, digits=3):
+    "The calculator task as `{'train': rows, 'test': rows}` (the `calc` preprocessor)."
+    return Splits(train=make_calc(n_train, "train", seed, digits), test=make_calc(n_test, "test", seed, digits))

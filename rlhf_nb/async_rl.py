@@ -179,6 +179,7 @@ def colocated_producer(trainer, first=1, ready=None):
     engine = trainer.rollout
     if getattr(engine, "shared", False):
         engine = sampler_copy(trainer.unwrapped_policy, tok.eos_token_id, tok.pad_token_id, trainer.accelerator.autocast)
+        engine.agent = trainer.rollout.agent                             # tool use: the same episodes, on the copy
     engine.weight_version = trainer.global_step
     def sample(j, version):
         batch = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in trainer.next_batch().items()}

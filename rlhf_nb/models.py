@@ -31,15 +31,20 @@ __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DE
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, "<|system|>", "<|user|>", "<|assistant|>", END_TOKEN]  # ids 0..5 in char_tokenizer
 DEFAULT_CHAT_TEMPLATE = (
+    "{%- if tools %}<|system|>Tools: "
+    "{% for t in tools %}{{ t['function']['name'] }}({{ t['function']['parameters']['properties'] | join(', ') }})"
+    "{%- if not loop.last %}, {% endif %}{%- endfor %}<|end|>{%- endif %}"
     "{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('rlhf-nb chat template: unknown role ' ~ message['role'] ~ ' (use system, user or assistant)') }}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
+    "{{ raise_exception('rlhf-nb chat template: unknown role ' ~ message['role'] ~ ' (use system, user, assistant or tool)') }}"
     "{%- endif %}"
     "{%- if message['role'] == 'assistant' %}"
     "<|assistant|>{% generation %}{{ message['content'] }}<|end|>{% endgeneration %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "<|user|><tool_response>{{ message['content'] }}</tool_response><|end|>"
     "{%- else %}"
     "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
     "{%- endif %}"

@@ -24,7 +24,8 @@ from .models import (load_tokenizer, load_causal_lm, load_value_model, load_conf
                             ensure_chat_ready, wrap_lora, is_peft_model, enable_gradient_checkpointing, check_value_model, same_vocab)
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
-from .sft import generate_greedy, sft_warm_start
+from .sft import generate_greedy
+from .agents import attach_agent, agent_warm_start, agent_answers
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
 from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, ratio_inputs, logs_sampling_gap
@@ -179,8 +180,7 @@ def update(self: RLTrainer, data):
         m.update({f"actor/{k}": v for k, v in actor.step().items()})      # clip, step, zero (NaN: skipped)
         if critic is not None: m.update({f"critic/{k}": v for k, v in critic.step().items()})
         steps.append(m)
-    actor.lr_step()
-    if critic is not None: critic.lr_step()
+    actor.lr_step(); critic is not None and critic.lr_step()
     return update_metrics(steps)
 
 # %% ../nbs/02_ppo.ipynb #0902fa6a
@@ -207,9 +207,9 @@ def init_workers(self: RLTrainer):
     self.rank, self.world = self.accelerator.process_index, self.placement.world or self.accelerator.num_processes
     set_seed(cfg.seed)
     self._load_policy(); self._load_data(); self.placement.build_workers(self)
-    self.rollout = (make_rollout_engine(cfg, self.policy, self.tokenizer, self.workers[Role.ActorRollout], seed=cfg.seed, bf16=cfg.bf16,
+    self.rollout = attach_agent(make_rollout_engine(cfg, self.policy, self.tokenizer, self.workers[Role.ActorRollout], seed=cfg.seed, bf16=cfg.bf16,
                                         max_model_len=cfg.max_prompt_length + cfg.max_completion_length, world=self.world)
-                    if Role.ActorRollout in self.workers and not self.placement.remote else None)   # under Ray: the actor workers' hf
+                    if Role.ActorRollout in self.workers and not self.placement.remote else None, cfg, self.tokenizer)   # Ray: the actor workers' hf
     self.kl_ctl = get_kl_controller(cfg.kl_coef, cfg.adaptive_kl, cfg.kl_target, cfg.kl_horizon)
     torch.manual_seed(cfg.seed + 1000 * self.rank)                       # sampling differs across ranks
     self._shuffle_seed, self._initialised = cfg.seed, True
@@ -225,7 +225,7 @@ def _load_policy(self: RLTrainer):
         path = cfg.model_name_or_path
         if path == "tiny" and cfg.warm_start_dir:
             with self.accelerator.main_process_first():
-                path = sft_warm_start(cfg.warm_start_dir, seed=cfg.data_seed, progress=not cfg.disable_tqdm)
+                path = agent_warm_start(cfg, progress=not cfg.disable_tqdm)  # calculator demonstrations, or arithmetic SFT
         if self.tokenizer is None: self.tokenizer = load_tokenizer(path, padding_side="left", **load_kwargs(cfg))
         if self.policy is None:
             set_seed(cfg.seed)
@@ -307,8 +307,7 @@ def _model_sources(rows):
 @patch
 def _check_model_rows(self: RLTrainer):
     "Refuse model-scored rows (train or held-out) when the reward manager has no reward model."
-    rows = list(getattr(self.train_dataset, "rows", [])) + list(self.eval_dataset or [])
-    srcs = _model_sources(rows)
+    srcs = _model_sources(list(getattr(self.train_dataset, "rows", [])) + list(self.eval_dataset or []))
     if srcs and isinstance(self.reward_manager, RewardManager) and self.reward_manager.model_reward is None:
         raise ValueError(f"rows of data_source {', '.join(map(repr, srcs))} are scored by a reward model "
                          "(reward_model.style='model') but none was given: pass --reward_model_path")
@@ -462,7 +461,8 @@ def evaluate(self: RLTrainer):
         pol, rows = self.unwrapped_policy, self.eval_dataset
         was = pol.training
         prompts = [render_prompt(self.tokenizer, r["prompt"]) for r in rows]
-        answers = generate_greedy(pol, self.tokenizer, prompts, self.config.max_completion_length, self.config.eval_batch_size)
+        agent, n, bs = getattr(self.rollout, "agent", None), self.config.max_completion_length, self.config.eval_batch_size
+        answers = agent_answers(agent, pol, self.tokenizer, rows, n, bs) if agent else generate_greedy(pol, self.tokenizer, prompts, n, bs)
         pol.train(was)
         out = self.val_reward_fn(rows, answers, self._reference_answers(rows, prompts))
         self.last_eval_samples = list(zip(prompts, answers))[:4]
@@ -523,7 +523,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
     m = {"score/mean": float(scores.mean()), "score/max": float(scores.max()),
          "reward/mean": _seq_mean(data["token_level_rewards"], mask), "response/length": float(mask.sum(-1).mean()),
          "response/eos_frac": float(data["has_eos"].float().mean()), "kl_coef": self.kl_ctl.value,
-         "actor/lr": self.workers[Role.ActorRollout].scheduler.get_last_lr()[0], **update_stats}
+         "actor/lr": self.workers[Role.ActorRollout].scheduler.get_last_lr()[0], **update_stats, **data.get("rollout_metrics", {})}
     if "kl" in data: m["kl/mean"] = _seq_mean(data["kl"], mask)
     elif self.reference.active:
         m["kl/mean"] = _seq_mean(kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator), mask)

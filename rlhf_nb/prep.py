@@ -11,7 +11,7 @@ import pyarrow as pa
 import yaml
 from .data import DataError, ROW_KINDS, SPLITS, Splits, HH_SUBSETS, HH_VARIANTS, validate_rows, write_parquet, read_rows
 from .data import prep_gsm8k, prep_math, prep_hh, prep_hellaswag, prep_rows
-from .arith import make_arith, prep_arith
+from .arith import make_arith, prep_arith, prep_calc
 from .config import DataArgs                           # re-exported: `from rlhf_nb.prep import DataArgs` keeps working
 
 
@@ -29,7 +29,7 @@ def register_preprocessor(name, fn):
     return fn
 
 # %% ../nbs/00b_prep.ipynb #2f936f50
-for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
+for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "calc": prep_calc, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
     register_preprocessor(_n, _f)
 
 
@@ -158,7 +158,7 @@ def prep_main(argv=None):
         if name not in PREPROCESSORS:
             raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(PREPROCESSORS)}")
         options = {k: v for k, v in a.items() if v is not None}
-        if name == "arith" and "source" in options: raise DataError("arith is generated: it takes no --source")
+        if name in ("arith", "calc") and "source" in options: raise DataError(f"{name} is generated: it takes no --source")
         t = time.time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes are printed below, once

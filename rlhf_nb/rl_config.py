@@ -15,6 +15,7 @@ from .models import LoadArgs, LoraArgs
 from .placement import PlacementArgs, check_placement
 from .rollout import RolloutArgs
 from .async_rl import AsyncArgs
+from .agents import AgentArgs
 
 # %% auto #0
 __all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'resolve_critic', 'run_kind']
@@ -119,7 +120,7 @@ class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
 
 # %% ../nbs/01h_rl_config.ipynb #91c8acca
 @dataclass
-class PPOConfig(AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
+class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, OptimArgs, BatchArgs, LoadArgs, ModelDataArgs):
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         super().__post_init__()                                              # the option groups' checks
@@ -132,6 +133,8 @@ class PPOConfig(AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, ObjectiveArgs, 
         if self.mini_batch_size is not None and self.mini_batch_size < 1:     # 0 must not silently mean "all episodes"
             raise ValueError(f"mini_batch_size must be >= 1 (or unset for one mini-batch per step), got {self.mini_batch_size}")
         if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
+        if (self.environment or self.tools) and self.placement == "ray":
+            raise ConfigError("tool use (environment/tools) samples episodes in the trainer's process: use placement colocate or accelerate, not ray")
         check_accelerate_args(self)
         if self.parallel_roles not in ("auto", "on", "off"):
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")

@@ -102,6 +102,7 @@ class RolloutEngine:
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.weight_version, self.sleeping = 0, False
         self.model_copy = None                                           # a folder make_rollout_engine wrote for this engine
+        self.agent = None                                                # an agents.AgentLoop: multi-turn episodes instead of one answer
     def generate(self, prompts, params) -> list: raise NotImplementedError
     def load_weights(self, named_tensors, version): raise NotImplementedError
     def sleep(self, level=1): self.sleeping = self.supports_sleep
@@ -126,6 +127,7 @@ def update_weights(self: RolloutEngine, named_tensors, version=None):
 @patch
 def generate_batch(self: RolloutEngine, batch, params):
     "The trainer's prompt batch (left-padded `input_ids`, `attention_mask`) -> the rollout batch, other keys kept."
+    if self.agent is not None: return self.agent.generate_batch(self, batch, params)
     prompts = prompt_lists(batch["input_ids"], batch["attention_mask"])
     out = completions_to_batch(prompts, self.generate(prompts, params), self.eos_token_id, self.pad_token_id)
     dev = batch["input_ids"].device
@@ -180,7 +182,7 @@ def generate(self: HFEngine, prompts, params):
 @patch
 def generate_batch(self: HFEngine, batch, params=None):
     "The actor worker's own rollout when built on it (today's tokens and speed); else through `generate`."
-    if self.worker is not None: return self.worker.generate_sequences(batch)
+    if self.worker is not None and self.agent is None: return self.worker.generate_sequences(batch)
     return RolloutEngine.generate_batch(self, batch, params)
 
 # %% ../nbs/01fr_rollout.ipynb #33d50e20
@@ -421,7 +423,8 @@ def shutdown(self: VLLMServerEngine):
 # %% ../nbs/01fr_rollout.ipynb #6acb3219
 def sample_for_trainer(engine, batch, args, device=None):
     "One step's rollout through `engine` with a trainer's options `args` -> the rollout batch (+ `prompt_group` for groups)."
-    if getattr(engine, "worker", None) is not None: return engine.generate_batch(batch)     # the actor worker's own generate
+    agent = getattr(engine, "agent", None)                              # multi-turn episodes (rlhf_nb.agents)
+    if getattr(engine, "worker", None) is not None and agent is None: return engine.generate_batch(batch)     # the actor worker's own generate
     params = SamplingParams(args.max_completion_length, args.temperature, args.top_k, args.top_p,
                             seed=int(torch.randint(0, 2**31 - 1, (1,))))        # from the run's generator: a run repeats
     out = engine.generate_batch({k: v.to(device) if torch.is_tensor(v) and device is not None else v for k, v in batch.items()}, params)

@@ -338,9 +338,13 @@ def compute_scores(self: RewardWorker, data):
         raise ValueError(f"reward_manager returned token_level_scores of shape {got}; expected {want} "
                          "(one row per response, one column per response token)")
     scores = scores.to(data["responses"].device).float()
+    R = scores.shape[1]
+    last = torch.where(data["response_mask"].bool(), torch.arange(R, device=scores.device), 0).max(-1).values   # [B]: last sampled token
+    if "env_reward" in data:                                             # an environment's own reward (agents: get_reward), weight 1
+        scores[torch.arange(len(last)), last] += data["env_reward"].to(scores)
+        metrics = {**(metrics or {}), "environment/mean": float(data["env_reward"].float().mean())}
     penalty = getattr(self.config, "missing_eos_penalty", None)
     if penalty:
-        last = (data["response_mask"].sum(-1) - 1).clamp_min(0)
         rows = torch.nonzero(~data["has_eos"]).squeeze(-1)
         scores[rows, last[rows]] -= penalty
     return scores, metrics
