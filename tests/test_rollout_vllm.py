@@ -121,6 +121,21 @@ def test_cli_one_step_off_with_vllm(vpy, tmp_path):
     assert all({"sampling/kl_prox_behav", "sampling/truncated_frac", "time/trainer_wait"} <= set(g) for g in got)
 
 
+def test_cli_tool_use_episodes_with_vllm(vpy, tmp_path):
+    "`configs/grpo_calc.yaml` with vLLM colocated: multi-turn episodes through the engine's token-id interface, sampler log-probs kept."
+    from rlhf_nb.agents import calc_warm_start
+    warm = calc_warm_start(tmp_path / "warm", n_demos=8, steps=60, progress=False)
+    r = cli("grpo", "--config", ROOT / "configs/grpo_calc.yaml", "--rollout_engine", "vllm", "--model_name_or_path", warm,
+            "--warm_start_dir", "", "--max_steps", "2", "--per_device_train_batch_size", "4", "--num_generations", "2",
+            "--eval_steps", "0", "--disable_tqdm", "true", "--output_dir", tmp_path / "run", cwd=tmp_path, python=vpy)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = rows(tmp_path / "run")
+    assert [g["step"] for g in got] == [1, 2]
+    assert all(SAMPLING_KEYS <= set(g) and g["num_turns/mean"] >= 1 for g in got)
+    assert any(g["tools/call_frequency"] > 0 and g["num_turns/max"] >= 2 for g in got)
+    assert all(g["sampling/sampling_logp_difference/max"] < 1e-3 for g in got)     # fp32: engine and trainer agree on sampled tokens
+
+
 def test_cli_server_mode_started_by_the_trainer(vpy, tmp_path):
     "The trainer (this interpreter, no vLLM) starts a server from the vLLM virtualenv, trains 3 steps, stops it."
     r = cli("grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine", "vllm", "--vllm_mode", "server",
