@@ -144,7 +144,7 @@ def _tiny_sft_stage(a, sft_kw=None):
           f"(at most {a.sft_max_seconds:.0f} s; cached in {out / 'sft'})", file=sys.stderr)
     with process_state().main_process_first():       # under a launcher: rank 0 trains, the others reuse its folder
         path = sft_warm_start(out / "sft", seed=a.seed, target_accuracy=a.sft_target_accuracy,
-                              max_seconds=a.sft_max_seconds, **{"n_final_eval": 0, **(sft_kw or {})})
+                              max_seconds=a.sft_max_seconds, announce=False, **{"n_final_eval": 0, **(sft_kw or {})})
     return path, json.loads((Path(path) / SFT_INFO).read_text()), acc_init
 
 # %% ../nbs/04a_demo.ipynb #6ef70725
