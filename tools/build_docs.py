@@ -185,7 +185,7 @@ def plain_anchors(body_html):
 def wrap(body_html, title, pages, current):
     "A site page: head with the stylesheet, the navigation, the content, previous/next links."
     body_html = plain_anchors(body_html)
-    body_html = re.sub(r'href="([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
+    body_html = re.sub(r'href="(?:nbs/)?([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)} - rlhf-nb</title>"
             f"<link rel=\"icon\" href=\"data:,\"><link rel=\"stylesheet\" href=\"site.css\">{{head}}</head><body>"
             f"{nav_html(pages, current)}<main class=\"page\">{body_html}{pager(pages, current)}</main></body></html>")
