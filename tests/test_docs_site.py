@@ -88,10 +88,11 @@ def test_pages_load_clean_in_chromium(site, browser):
         state[page.name] = st
     assert not errors, "\n".join(errors)
     assert not any("`" in st["navText"] for st in state.values())                 # titles without markdown backticks
-    for name in EXECUTED:                                                           # executed pages: outputs, as text, and figures
+    for name in json.loads((site / "build.json").read_text())["executed"]:          # executed pages: outputs, shown as text
         st = state[f"{name}.html"]
-        assert st["codeCells"] > 0 and st["outputs"] > 0 and st["images"] >= 1, (name, st["codeCells"], st["outputs"], st["images"])
+        assert st["outputs"] > 0 or not st["codeCells"], f"{name}: code cells without any output"
         assert not [t for t in st["texts"] if re.match(r"""\[\s*(['"]).*?\\n\1,""", t, re.S)], f"{name}: an output shown as a list of lines"
+    assert all(state[f"{name}.html"]["images"] >= 1 for name in EXECUTED)           # each of these draws a figure
     bad = []
     for name, st in state.items():
         for href in st["links"]:

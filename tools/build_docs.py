@@ -91,16 +91,17 @@ def executed(paths, cache, jobs=1):
     "{stem: executed notebook} for notebooks `paths`, from the cache or run now (`jobs` at a time); stale copies removed."
     import nbformat
     cache = Path(cache); cache.mkdir(parents=True, exist_ok=True)
-    todo = [p for p in paths if not cache_path(p, cache).exists()]
+    dest = {p: cache_path(p, cache) for p in paths}                 # the content as it is now, even if edited meanwhile
+    todo = [p for p in paths if not dest[p].exists()]
     print(f"notebooks: {len(paths) - len(todo)} from the cache in {cache}, {len(todo)} to execute", flush=True)
     with ProcessPoolExecutor(max(1, min(jobs, len(todo) or 1)), mp_context=multiprocessing.get_context("spawn"),
                              max_tasks_per_child=1) as pool:                 # a fresh process per notebook
-        for stem, sec in pool.map(_execute_to, todo, [cache_path(p, cache) for p in todo]):
+        for stem, sec in pool.map(_execute_to, todo, [dest[p] for p in todo]):
             print(f"  executed {stem}.ipynb in {sec:.0f} s", flush=True)
     for p in paths:
         for old in cache.glob(f"{p.stem}-*.ipynb"):
-            if old != cache_path(p, cache): old.unlink()
-    return {p.stem: nbformat.read(cache_path(p, cache), as_version=4) for p in paths}
+            if old != dest[p]: old.unlink()
+    return {p.stem: nbformat.read(dest[p], as_version=4) for p in paths}
 
 
 _CODE = re.compile(r"(```.*?```|`[^`\n]+`)", re.S)
