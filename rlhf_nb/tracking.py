@@ -207,10 +207,12 @@ def tidy_axes(ax):
     "Whole-number step ticks on x; y ticks as plain numbers (no offset, no powers of ten), on a symlog scale too."
     from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if ax.get_yscale() == "linear":
+    linear_part = getattr(ax.yaxis.get_transform(), "linthresh", 0.0)         # symlog: linear within +-linthresh
+    if ax.get_yscale() == "linear" or max(map(abs, ax.get_ylim())) <= linear_part:
+        if ax.get_yscale() != "linear": ax.yaxis.set_major_locator(MaxNLocator(5))   # symlog data all in its linear part
         fmt = ScalarFormatter(useOffset=False); fmt.set_scientific(False); ax.yaxis.set_major_formatter(fmt)
-    else:
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.6g}")); ax.yaxis.set_minor_formatter(NullFormatter())
+    else: ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     return ax
 
 def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
