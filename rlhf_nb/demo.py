@@ -15,7 +15,7 @@ from .prep import resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
 from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
 from .files import save_atomic, write_json_atomic
-from .tracking import DEFAULT_PANELS, plot_metrics, read_metrics
+from .tracking import DEFAULT_PANELS, panel_title, plot_metrics, read_metrics, tidy_axes
 from .dist import ensure_cpu_distributed, peak_memory, process_state
 from .rl_config import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
@@ -95,13 +95,13 @@ def _accuracy_panel(ax, rows, sft_info, t_sft):
     ax.set(title="held-out greedy accuracy (%)", xlabel="seconds (SFT, then RL)"); ax.legend(fontsize=8)
 
 def _reward_panel(ax, steps):
-    "The mean training score per RL step, with a running mean over about a fifteenth of the run."
+    "The score (`score/mean`) per RL step, with a running mean over about a fifteenth of the run."
     if steps:
         x, y = [r["step"] for r in steps], [r["score/mean"] for r in steps]
         k = max(1, len(y) // 15)
         ax.plot(x, y, c="tab:blue", alpha=0.35, lw=0.8)
         ax.plot(x, running_mean(y, k), c="tab:blue", label=f"running mean of {k}"); ax.legend(fontsize=8)
-    ax.set(title="training reward (mean score)", xlabel="RL step")
+    ax.set(title=panel_title("score/mean", "score"), xlabel="RL step"); tidy_axes(ax)
 
 def _entropy_kl_panel(ax, steps):
     "Policy entropy (left axis) and KL to the reference (right axis, symlog: a one-step spike leaves the rest readable) per RL step."
@@ -109,7 +109,7 @@ def _entropy_kl_panel(ax, steps):
         pts = [(r["step"], r[key]) for r in steps if key in r]
         if pts: a_.plot(*zip(*pts), c=c, lw=1)
         if key == "kl/mean": a_.set_yscale("symlog", linthresh=1.0)   # one improbable token can lift the KL 100x for a step
-        a_.set_ylabel(key, color=c, fontsize=9); a_.tick_params(axis="y", labelcolor=c)
+        a_.set_ylabel(key, color=c, fontsize=9); a_.tick_params(axis="y", labelcolor=c); tidy_axes(a_)
     ax.set(title="policy entropy and KL to the reference", xlabel="RL step")
 
 # %% ../nbs/04a_demo.ipynb #4b745ec0
@@ -122,7 +122,7 @@ def save_figure(fig, path, dpi=110):
     return path
 
 def plot_demo(output_dir, sft_info=None):
-    "curves.png of a demo run: held-out accuracy over wall time (SFT then RL), training reward, KL and entropy."
+    "curves.png of a demo run: held-out accuracy over wall time (SFT then RL), score, KL and entropy."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     out = Path(output_dir)
@@ -144,7 +144,7 @@ def _tiny_sft_stage(a, sft_kw=None):
           f"(at most {a.sft_max_seconds:.0f} s; cached in {out / 'sft'})", file=sys.stderr)
     with process_state().main_process_first():       # under a launcher: rank 0 trains, the others reuse its folder
         path = sft_warm_start(out / "sft", seed=a.seed, target_accuracy=a.sft_target_accuracy,
-                              max_seconds=a.sft_max_seconds, **{"n_final_eval": 0, **(sft_kw or {})})
+                              max_seconds=a.sft_max_seconds, announce=False, **{"n_final_eval": 0, **(sft_kw or {})})
     return path, json.loads((Path(path) / SFT_INFO).read_text()), acc_init
 
 # %% ../nbs/04a_demo.ipynb #6ef70725

@@ -18,7 +18,8 @@ from .checkpoints import load_weights, missing_files, read_checked, resolve_chec
 from .dist import Interrupted, StopSignals, note_rank_pids, rank_lost
 
 # %% auto #0
-__all__ = ['NanGuard', 'TimeBudget', 'RunGuard', 'RunLoop', 'LoopCheckpoints', 'keep_rows', 'make_adamw']
+__all__ = ['BUDGET_BAR_FORMAT', 'NanGuard', 'TimeBudget', 'RunGuard', 'RunLoop', 'time_left', 'budget_bar', 'LoopCheckpoints',
+           'keep_rows', 'make_adamw']
 
 # %% ../nbs/00i_engine.ipynb #8a085e7d
 class NanGuard:
@@ -113,7 +114,7 @@ def run(self: RunLoop):
     n, pending, saved = self.start, False, False
     if self.eval_at_start and n == 0 and self.log:
         self.log({"step": 0, **self._stamp(0.0), **(self.evaluate() if self.evaluate else {})})
-    with tqdm(total=self.max_steps, initial=n, **self.bar) as bar:
+    with budget_bar(self.budget, total=self.max_steps, initial=n, **self.bar) as bar:
         while n < self.max_steps:
             n += 1
             row, last = self._advance(n)                                # step, NaN rule, evaluation, row logged when due
@@ -147,6 +148,31 @@ def _advance(self: RunLoop, n):
     row.update(self._stamp())
     if self.log and (evaluated or last or not finite or self.log_due(n)): self.log(row)
     return row, last or out_of_time or self.done(row)
+
+# %% ../nbs/00i_engine.ipynb #89451cbb
+BUDGET_BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{left}, {rate_fmt}{postfix}]"
+
+def time_left(budget, d):
+    "What a bar with format dict `d` (n, total, elapsed, rate) shows as the time left under `budget`: a string."
+    done = d["n"] - d.get("initial", 0)
+    rate = d.get("rate") or (done / d["elapsed"] if d["elapsed"] else None)
+    steps = (d["total"] - d["n"]) / rate if rate and d["total"] else None
+    if budget is None or budget.max_seconds is None: return tqdm.format_interval(steps) if steps is not None else "?"
+    left = max(budget.max_seconds - budget.elapsed, 0.0)
+    return tqdm.format_interval(steps) if steps is not None and steps <= left else f"{tqdm.format_interval(left)} budget"
+
+class _BudgetBar(tqdm):
+    "tqdm whose time left is `time_left(self.budget, ...)`."
+    budget = None
+    @property
+    def format_dict(self): d = super().format_dict; return {**d, "left": time_left(self.budget, d)}
+
+def budget_bar(budget=None, **kw):
+    "A tqdm bar (`total`, `desc`, ...) whose time left never exceeds what remains of `budget` (a TimeBudget or None)."
+    if budget is None or budget.max_seconds is None: return tqdm(**kw)
+    bar = _BudgetBar.__new__(_BudgetBar, **kw); bar.budget = budget     # set before __init__ draws the bar
+    bar.__init__(bar_format=BUDGET_BAR_FORMAT, **kw)
+    return bar
 
 # %% ../nbs/00i_engine.ipynb #d5f750c3
 class LoopCheckpoints:

@@ -9,10 +9,11 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'write_json_atomic', 'full_disk_errno', 'human_bytes', 'folder_bytes',
-           'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'distributed_world', 'agree_disk_full',
-           'caught_disk_full', 'save_atomic', 'fresh_output_dir', 'save_model_folder', 'OutputDirBusy', 'pid_alive',
-           'read_lock', 'lock_output_dir', 'unlock_output_dir']
+__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'CACHE_ENV', 'write_json_atomic', 'full_disk_errno', 'human_bytes',
+           'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'distributed_world',
+           'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir', 'save_model_folder',
+           'OutputDirBusy', 'pid_alive', 'read_lock', 'lock_output_dir', 'unlock_output_dir', 'cache_dir',
+           'expand_cache']
 
 # %% ../nbs/00e_files.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -210,3 +211,18 @@ def unlock_output_dir(output_dir):
     "Remove `output_dir`'s lock if this process holds it."
     lock, held = Path(output_dir) / LOCK_NAME, read_lock(Path(output_dir) / LOCK_NAME)
     if held and held.get("pid") == os.getpid(): lock.unlink(missing_ok=True)
+
+# %% ../nbs/00e_files.ipynb #6ce81dbe
+CACHE_ENV = "RLHF_NB_CACHE"
+
+def cache_dir(*parts):
+    "The cache folder `$RLHF_NB_CACHE` (default `~/.cache/rlhf_nb`, or under `$XDG_CACHE_HOME`), joined with `parts`."
+    root = os.environ.get(CACHE_ENV) or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache") / "rlhf_nb"
+    return Path(root, *parts).expanduser()
+
+def expand_cache(path):
+    "`path` with a leading `$RLHF_NB_CACHE` or `${RLHF_NB_CACHE}` replaced by `cache_dir()` and `~` expanded."
+    s = str(path)
+    for var in ("${" + CACHE_ENV + "}", "$" + CACHE_ENV):
+        if s == var or s.startswith(var + "/"): return cache_dir(s[len(var) + 1:])
+    return Path(s).expanduser()

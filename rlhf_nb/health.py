@@ -5,7 +5,7 @@ from __future__ import annotations
 import math, statistics
 from pathlib import Path
 from .files import write_json_atomic
-from .tracking import read_metrics, read_samples
+from .tracking import panel_title, read_metrics, read_samples, tidy_axes
 
 # %% auto #0
 __all__ = ['HEALTH_RULES', 'HEALTH_SERIES', 'kl_spike', 'entropy_collapse', 'length_without_reward', 'reward_up_rule_flat',
@@ -99,7 +99,7 @@ HEALTH_RULES = {f.__name__: f for f in (kl_spike, entropy_collapse, length_witho
                                          sampler_gap_jump)}
 
 # %% ../nbs/04b_health.ipynb #2750986e
-HEALTH_SERIES = {"reward": "score/mean", "held-out accuracy": "eval/accuracy", "all-equal groups": "reward/informative_frac",
+HEALTH_SERIES = {"score": "score/mean", "held-out accuracy": "eval/accuracy", "all-equal groups": "reward/informative_frac",
                  "length": "response/length", "entropy": "actor/entropy", "clip fraction": "actor/pg_clipfrac", "KL": "kl/mean",
                  "sampler gap": "sampling/kl_prox_behav"}
 
@@ -114,11 +114,11 @@ def health_report(run, samples=None, rules=None):
     for w in warnings:
         if w["rule"] == "kl_spike" and w["step"] in culprits: w["sample"] = culprits[w["step"]]
     return {"series": {k: v for k, v in series.items() if v}, "warnings": sorted(warnings, key=lambda w: w["step"]),
-            "samples": samples, "steps": len(rows)}
+            "samples": samples, "steps": len({r["step"] for r in rows if r.get("step", 0) > 0})}   # not the step-0 evaluation
 
 def format_warnings(report):
     "One line per warning (with the responsible sample of a KL spike), or a line saying none fired."
-    if not report["warnings"]: return [f"no warnings over {report['steps']} logged steps"]
+    if not report["warnings"]: return [f"no warnings over {report['steps']} training steps"]
     out = []
     for w in report["warnings"]:
         out.append(f"[{w['rule']}] {w['message']}")
@@ -129,8 +129,9 @@ def format_warnings(report):
     return out
 
 # %% ../nbs/04b_health.ipynb #779f96f6
-_PANEL_OF_RULE = {"kl_spike": "KL", "entropy_collapse": "entropy", "length_without_reward": "length", "reward_up_rule_flat": "reward",
+_PANEL_OF_RULE = {"kl_spike": "KL", "entropy_collapse": "entropy", "length_without_reward": "length", "reward_up_rule_flat": "score",
                   "no_signal": "all-equal groups", "clip_high": "clip fraction", "sampler_gap_jump": "sampler gap"}
+_PANEL_KEY = {"all-equal groups": "1 - reward/informative_frac"}
 
 def plot_health(report, ncols=4):
     "The dashboard of a `health_report`: one panel per series, KL on a symlog scale, warnings marked. -> figure"
@@ -142,11 +143,12 @@ def plot_health(report, ncols=4):
         x, y = zip(*report["series"][name])
         ax.plot(x, y, lw=1, marker="o" if len(x) < 30 else None, ms=3)
         if name == "KL": ax.set_yscale("symlog", linthresh=1.0)
+        tidy_axes(ax)                                                 # whole steps, plain numbers
         mine = [w for w in report["warnings"] if _PANEL_OF_RULE.get(w["rule"]) == name]
         for j, w in enumerate(mine):                                  # a line per warning, the rule's name once
             ax.axvline(w["step"], c="tab:red", lw=0.8, ls="--")
             if j == 0: ax.annotate(w["rule"], (w["step"], ax.get_ylim()[1]), fontsize=7, color="tab:red", ha="right", va="top", rotation=90)
-        ax.set_title(name, fontsize=9); ax.set_xlabel("step", fontsize=8)
+        ax.set_title(panel_title(_PANEL_KEY.get(name, HEALTH_SERIES.get(name)), name), fontsize=9); ax.set_xlabel("step", fontsize=8)
     for ax in list(axes.flat)[len(names):]: ax.axis("off")
     fig.suptitle(f"run health: {len(report['warnings'])} warning(s)", fontsize=10); fig.tight_layout()
     return fig

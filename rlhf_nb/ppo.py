@@ -14,7 +14,7 @@ from .config import parse_config
 from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, value_loss, actor_loss, sampling_metrics,
                           get_kl_controller, get_adv_estimator, informative_groups)
 from .files import agree_disk_full, caught_disk_full
-from .tracking import RunLog, step_samples, append_samples, cut_samples
+from .tracking import RunLog, step_samples, append_samples, cut_samples, step_reward_metrics
 from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state
 from .dist import merge_rank_metrics, make_accelerator
 from .engine import NanGuard, TimeBudget, RunGuard, RunLoop
@@ -532,8 +532,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
     if "rollout_log_probs" in data and logs_sampling_gap(self.config):   # the sampler/trainer gap, TRL's names
         w = batch_is_weights(data, slice(None), self.config.importance_sampling_mode, self.config.importance_sampling_cap)
         m.update(sampling_metrics(data["old_log_probs"], data["rollout_log_probs"], data["response_mask"], w, self.config.importance_sampling_cap))
-    m.update({f"reward/{k}": float(v) for k, v in reward_metrics.items()
-              if isinstance(v, (int, float)) or torch.is_tensor(v) and v.numel() == 1})
+    m.update(step_reward_metrics(reward_metrics))                       # the scorer's own numbers, each under one name
     return m
 
 # %% ../nbs/02_ppo.ipynb #9ac59df2

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01c_sft.ipynb #f2da04ce
 from __future__ import annotations
-import dataclasses, json, math, os, random, shutil, time, uuid, warnings
+import dataclasses, json, math, os, random, shutil, sys, time, uuid, warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -19,13 +19,13 @@ from .dataset import render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
 from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, LoadArgs, load_kwargs, prepare_for_training, is_peft_model
 from .rewards import compute_score
-from .files import fresh_output_dir, save_model_folder, write_json_atomic
+from .files import CACHE_ENV, cache_dir, expand_cache, fresh_output_dir, save_model_folder, write_json_atomic
 from .tracking import check_report_to, close_sinks, metric_sinks
 from .engine import LoopCheckpoints, RunGuard, RunLoop, TimeBudget, keep_rows
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
-           'stale_settings', 'sft_warm_start', 'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
+           'stale_settings', 'warm_start_line', 'sft_warm_start', 'SFTArgs', 'run_sft', 'EvalArgs', 'run_eval']
 
 # %% ../nbs/01c_sft.ipynb #7dfe2fad
 def encode_sft_row(tokenizer, row):
@@ -207,19 +207,28 @@ def stale_settings(saved, asked):
     keys = sorted(set(saved) | set(asked))
     return ", ".join(f"{k} {saved.get(k)!r} -> {asked.get(k)!r}" for k in keys if saved.get(k) != asked.get(k))
 
+# %% ../nbs/01c_sft.ipynb #27ff973b
+def warm_start_line(out, target_accuracy=0.3, max_seconds=240):
+    "The one line a run prints before it builds a warm start: what, why, how long at most, where it is kept, how to skip it."
+    limit = f"at most {max_seconds:.0f} s, once" if max_seconds else "once"
+    return (f"SFT warm start: training the tiny model on arithmetic to {target_accuracy:.0%} held-out accuracy first, so that "
+            f"RL starts from a policy that is sometimes right ({limit}); kept in {out} for later runs "
+            f"(cache: ${CACHE_ENV}); warm_start_dir '' skips it")
+
 # %% ../nbs/01c_sft.ipynb #bd695ffc
-def sft_warm_start(output_dir, seed=0, target_accuracy=0.3, max_seconds=240, n_train=5000, n_eval=300, n_final_eval=500,
+def sft_warm_start(output_dir=None, seed=0, target_accuracy=0.3, max_seconds=240, n_train=5000, n_eval=300, n_final_eval=500,
                    learning_rate=3e-3, batch_size=128, max_steps=2000, eval_steps=25, warmup_steps=50,
-                   lr_scheduler_type="constant", weight_decay=0.0, model_kw=None, progress=True, **arith_kw) -> str:
+                   lr_scheduler_type="constant", weight_decay=0.0, model_kw=None, progress=True, announce=True, **arith_kw) -> str:
     "Path of a saved tiny policy + tokenizer SFT-trained on `make_arith` to `target_accuracy` (reused if already there)."
-    settings = warm_start_settings({k: v for k, v in locals().items() if k not in ("output_dir", "progress")})
-    out = Path(output_dir).expanduser().resolve()
+    settings = warm_start_settings({k: v for k, v in locals().items() if k not in ("output_dir", "progress", "announce")})
+    out = (cache_dir("sft_arith") if output_dir is None else expand_cache(output_dir)).resolve()
     if _is_warm_start(out):
         stale = stale_settings(json.loads((out / SFT_INFO).read_text()).get("settings"), settings)
         if not stale: return str(out)
         warnings.warn(f"sft_warm_start: rebuilding {out}: it was trained with other settings ({stale})")
     elif out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"sft_warm_start: {out} exists and is not a warm start (no {SFT_INFO}); choose another output_dir")
+    if announce: print(warm_start_line(out, target_accuracy, max_seconds), file=sys.stderr, flush=True)
     tok = char_tokenizer()
     model = tiny_causal_lm(tok, seed=seed, **(model_kw or {}))
     train = make_arith(n_train, "train", seed=seed, **arith_kw)

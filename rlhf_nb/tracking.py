@@ -10,11 +10,11 @@ from .config import ConfigError
 from .files import agree_disk_full, append_line, caught_disk_full, disk_guard, full_disk_errno
 
 # %% auto #0
-__all__ = ['TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'parse_metrics_lines', 'read_metrics',
-           'open_metrics', 'trl_names', 'MissingExtra', 'require_extra', 'close_sinks', 'sink_folder', 'metric_sinks',
-           'RunLog', 'check_report_to', 'report_history', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub',
-           'CarriageReturnLines', 'log_progress', 'pick_rows', 'step_samples', 'append_samples', 'cut_samples',
-           'read_samples']
+__all__ = ['REWARD_ROW_NAMES', 'TRL_METRIC_NAMES', 'METRIC_SINKS', 'SINK_PACKAGES', 'DEFAULT_PANELS', 'parse_metrics_lines',
+           'read_metrics', 'open_metrics', 'step_reward_metrics', 'documented_metric', 'trl_names', 'MissingExtra',
+           'require_extra', 'close_sinks', 'sink_folder', 'metric_sinks', 'RunLog', 'check_report_to', 'report_history',
+           'panel_title', 'tidy_axes', 'plot_metrics', 'model_card', 'hub_api', 'push_to_hub', 'CarriageReturnLines',
+           'log_progress', 'pick_rows', 'step_samples', 'append_samples', 'cut_samples', 'read_samples']
 
 # %% ../nbs/00f_tracking.ipynb #38898340
 def parse_metrics_lines(text, path="metrics.jsonl"):
@@ -46,11 +46,31 @@ def open_metrics(output_dir, step=0, write=True):
         tmp.write_text("".join(json.dumps(r) + "\n" for r in keep)); os.replace(tmp, path)
     return keep
 
+# %% ../nbs/00f_tracking.ipynb #c9e91ae6
+REWARD_ROW_NAMES = {"reward/mean": None, "reward/max": None, "reward/min": "score/min", "response_length/mean": None}
+
+def step_reward_metrics(metrics):
+    "A RewardManager's batch metrics (and group-filter metrics) as a trainer row names them: the scores once, as score/*."
+    out = {}
+    for k, v in metrics.items():
+        if not (isinstance(v, (int, float)) or hasattr(v, "numel") and v.numel() == 1): continue
+        key = REWARD_ROW_NAMES.get(k, k if "/" in k else f"reward/{k}")    # None: the step logs it already
+        if key is not None: out[key] = float(v)
+    return out
+
+# %% ../nbs/00f_tracking.ipynb #d7d74464
+def documented_metric(key, table_md):
+    "Whether metrics key `key` is named in the markdown metric table `table_md` (`<source>`/`<name>`: any text)."
+    for name in re.findall(r"`([^`]+)`", table_md):
+        pat = re.escape(name).replace(re.escape("<source>"), ".+").replace(re.escape("<name>"), ".+")
+        if re.fullmatch(pat, key): return True
+    return False
+
 # %% ../nbs/00f_tracking.ipynb #3f344c01
 TRL_METRIC_NAMES = {"score/mean": "objective/scores", "kl/mean": "objective/kl", "reward/mean": "objective/rlhf_reward",
                     "actor/entropy": "policy/entropy_avg", "actor/pg_loss": "loss/policy_avg", "critic/vf_loss": "loss/value_avg",
                     "actor/pg_clipfrac": "policy/clipfrac_avg", "actor/ppo_kl": "policy/approxkl_avg",
-                    "critic/vf_clipfrac": "val/clipfrac_avg", "actor/lr": "lr"}
+                    "critic/vf_clipfrac": "val/clipfrac_avg", "actor/lr": "lr", "response/length": "completions/mean_length"}
 
 def trl_names(row):
     "The numbers of a metrics row, renamed to TRL's names where a native key means the same (`kl/mean` -> `objective/kl`)."
@@ -176,8 +196,24 @@ def report_history(report_to, output_dir, history, config=None):
     return len(history) if sinks else 0
 
 # %% ../nbs/00f_tracking.ipynb #b105a7b0
-DEFAULT_PANELS = (("score/mean", "training score"), ("eval/accuracy", "held-out greedy accuracy"), ("kl/mean", "KL to reference"),
-                  ("actor/entropy", "policy entropy"), ("actor/pg_loss", "policy loss"), ("critic/vf_loss", "value loss"))
+DEFAULT_PANELS = (("score/mean", "score"), ("eval/accuracy", "held-out accuracy"), ("kl/mean", "KL to reference"),
+                  ("actor/entropy", "entropy"), ("actor/pg_loss", "policy loss"), ("critic/vf_loss", "value loss"))
+
+def panel_title(key, label=None):
+    "A panel's title: its words and the metrics key it plots, 'score (score/mean)'; the key alone when they agree."
+    return key if not label or label == key else f"{label} ({key})"
+
+def tidy_axes(ax):
+    "Whole-number step ticks on x; y ticks as plain numbers (no offset, no powers of ten), on a symlog scale too."
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, NullFormatter, ScalarFormatter
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    linear_part = getattr(ax.yaxis.get_transform(), "linthresh", 0.0)         # symlog: linear within +-linthresh
+    if ax.get_yscale() == "linear" or max(map(abs, ax.get_ylim())) <= linear_part:
+        if ax.get_yscale() != "linear": ax.yaxis.set_major_locator(MaxNLocator(5))   # symlog data all in its linear part
+        fmt = ScalarFormatter(useOffset=False); fmt.set_scientific(False); ax.yaxis.set_major_formatter(fmt)
+    else: ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    return ax
 
 def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
     "Plot metrics of one or more runs (`{label: run_dir_or_jsonl}` or one path) against step; returns the figure."
@@ -192,7 +228,7 @@ def plot_metrics(runs, panels=DEFAULT_PANELS, ncols=3, figsize=None):
         for label, rows in data.items():
             pts = [(r["step"], r[key]) for r in rows if key in r and r[key] is not None]
             if pts: ax.plot(*zip(*pts), marker="o" if key.startswith("eval") else None, ms=3, label=label, color=colours[label])
-        ax.set_title(title, fontsize=10); ax.set_xlabel("step")
+        ax.set_title(panel_title(key, title), fontsize=10); ax.set_xlabel("step"); tidy_axes(ax)
     for ax in list(axes.flat)[len(panels):]: ax.axis("off")
     if len(data) > 1: fig.legend(*axes.flat[0].get_legend_handles_labels(), fontsize=8, loc="upper right")
     fig.tight_layout()

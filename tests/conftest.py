@@ -1,5 +1,10 @@
-"Shared pytest setup: each test starts with a fresh accelerate state."
+"""Shared pytest setup: the cache folder of the whole session is a temporary one (`$RLHF_NB_CACHE`: no test reads or
+fills the user's ~/.cache/rlhf_nb), and each test starts with a fresh accelerate state."""
+import atexit, os, shutil, tempfile
 import pytest
+
+os.environ["RLHF_NB_CACHE"] = tempfile.mkdtemp(prefix="rlhf_nb-test-cache-")   # subprocesses of tests inherit it
+atexit.register(shutil.rmtree, os.environ["RLHF_NB_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

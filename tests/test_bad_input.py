@@ -321,7 +321,7 @@ def test_reward_function_that_raises_inside_training_costs_the_score_not_the_run
                     arith_train_size=8, eval_steps=0, disable_tqdm=True, save_final=False, max_steps=1)
     with caplog.at_level(logging.WARNING, logger="rlhf_nb.rewards"):
         hist = RLTrainer(cfg, tokenizer=tok, reward_manager=rm).fit()
-    assert hist[-1]["reward/reward/failures"] == 4 and "ZeroDivisionError" in caplog.text
+    assert hist[-1]["reward/failures"] == 4 and "ZeroDivisionError" in caplog.text
 
 
 def test_reward_manager_returning_the_wrong_length(tmp_path):

@@ -1,9 +1,14 @@
 """The documentation site (tools/build_docs.py) in a real headless browser: every page loads without console errors,
-its images and plots are drawn, and every internal link points to a page and an anchor that exist.
+its images and plots are drawn, executed pages show their outputs (as text, not as lists of lines) and figures, and
+every internal link points to a page and an anchor that exist.
+
+The site itself executes every notebook (cached by content in $RLHF_NB_CACHE/docs); executing them all takes too long
+for a test, so this one executes the four notebooks below, whose pages show text outputs, tables and figures, in a
+fresh cache (tests/conftest.py points $RLHF_NB_CACHE at a temporary folder), and renders the others as stored.
 
 Chromium and its driver come from Debian's packages (`apt-get install chromium chromium-driver`); tools/test.sh
 installs them when they are missing and it runs as root. Without them this test is skipped with the reason."""
-import re, shutil, subprocess, sys
+import json, re, shutil, subprocess, sys
 from pathlib import Path
 from urllib.parse import urlparse, unquote
 
@@ -14,11 +19,14 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 
 
+EXECUTED = ("05_loss_zoo", "01g_placement", "00f_tracking", "04b_health")
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--out", str(out), "--execute", "05_loss_zoo"],
-                       capture_output=True, text=True, timeout=1500, cwd=ROOT)
+    r = subprocess.run([sys.executable, str(ROOT / "tools" / "build_docs.py"), "--out", str(out), "--execute", *EXECUTED,
+                        "--jobs", "2"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return out
 
@@ -31,6 +39,12 @@ def test_every_notebook_has_a_page_and_nothing_comes_from_the_network(site):
         assert not re.search(r"""(src|href)=["']https?://""", text), f"{p.name} loads something from the network"
         assert "#| export" not in text, f"{p.name} shows nbdev directives"
     assert "<math" in (site / "05_loss_zoo.html").read_text()                     # LaTeX became MathML
+    assert sorted(json.loads((site / "build.json").read_text())["executed"]) == sorted(EXECUTED)
+    sheets = {p.name for p in site.glob("nb-*.css")}
+    for p in site.glob("*.html"):                                                  # one shared notebook stylesheet
+        text = p.read_text()
+        assert max((len(m) for m in re.findall(r"<style[^>]*>.*?</style>", text, re.S)), default=0) < 5000, p.name
+        if p.stem != "api": assert set(re.findall(r'href="(nb-[\w]+\.css)"', text)) <= sheets and len(sheets) == 1, p.name
     assert 'href="01a_core.html#gspo_policy_loss"' in (site / "api.html").read_text()
 
 
@@ -55,7 +69,11 @@ PAGE_STATE = """return {ids: Array.from(document.querySelectorAll('[id]')).map(e
   links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
   images: document.images.length,
   broken: Array.from(document.images).filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.src.slice(0, 80)),
-  nav: document.querySelectorAll('nav.site a').length, ready: document.readyState}"""
+  nav: document.querySelectorAll('nav.site a').length, ready: document.readyState,
+  navText: Array.from(document.querySelectorAll('nav.site a')).map(a => a.textContent).join('|'),
+  codeCells: document.querySelectorAll('.jp-CodeCell').length,
+  outputs: document.querySelectorAll('.jp-CodeCell .jp-OutputArea-output').length,
+  texts: Array.from(document.querySelectorAll('.jp-OutputArea-output pre')).map(e => e.textContent.slice(0, 200))}"""
 
 
 def test_pages_load_clean_in_chromium(site, browser):
@@ -69,7 +87,12 @@ def test_pages_load_clean_in_chromium(site, browser):
         assert st["ready"] == "complete" and st["nav"] >= len(state) and st["nav"] > 10, (page.name, st["nav"])
         state[page.name] = st
     assert not errors, "\n".join(errors)
-    assert state["05_loss_zoo.html"]["images"] >= 1                                 # the executed page shows its plot
+    assert not any("`" in st["navText"] for st in state.values())                 # titles without markdown backticks
+    for name in json.loads((site / "build.json").read_text())["executed"]:          # executed pages: outputs, shown as text
+        st = state[f"{name}.html"]
+        assert st["outputs"] > 0 or not st["codeCells"], f"{name}: code cells without any output"
+        assert not [t for t in st["texts"] if re.match(r"""\[\s*(['"]).*?\\n\1,""", t, re.S)], f"{name}: an output shown as a list of lines"
+    assert all(state[f"{name}.html"]["images"] >= 1 for name in EXECUTED)           # each of these draws a figure
     bad = []
     for name, st in state.items():
         for href in st["links"]:

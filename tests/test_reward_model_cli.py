@@ -39,7 +39,7 @@ def test_mixed_batch_trains_one_step_with_per_source_metrics(mixed, tmp_path, al
     assert rc == 0
     rows = read_metrics(out)
     last = rows[-1]
-    assert last["step"] == 1 and last["reward/reward/Anthropic/hh-rlhf/count"] > 0 and last["reward/reward/openai/gsm8k/count"] > 0
+    assert last["step"] == 1 and last["reward/Anthropic/hh-rlhf/count"] > 0 and last["reward/openai/gsm8k/count"] > 0
     for k in ("eval/accuracy", "eval/openai/gsm8k/accuracy", "eval/rm_score", "eval/Anthropic/hh-rlhf/rm_score", "eval/win_rate", "kl/mean"):
         assert k in last, k
     assert rows[0]["eval/win_rate"] == 0.5                           # before any update the policy is the reference

@@ -34,7 +34,8 @@ def test_grpo_reports_to_wandb_offline_trackio_and_tensorboard(tmp_path):
     assert len(runs) == 1 and runs[0].stat().st_size > 0                            # W&B, offline: nothing left the machine
     db = sqlite3.connect(out / "trackio" / "rlhf-nb.db")                           # Trackio: a local SQLite file
     rows = [json.loads(m) for (m,) in db.execute("select metrics from metrics order by step")]
-    assert len(rows) == 2 and {"objective/kl", "objective/scores", "loss/policy_avg", "policy/entropy_avg"} <= set(rows[0])
+    assert len(rows) == 2 and {"objective/kl", "objective/scores", "loss/policy_avg", "policy/entropy_avg",
+                               "completions/mean_length"} <= set(rows[0])
     tags = tb_tags(out / "tensorboard")
     assert tags["objective/kl"] == [1, 2] and "kl/mean" not in tags                # TRL's names on the dashboards
     assert "kl/mean" in json.loads((out / "metrics.jsonl").read_text().splitlines()[0])   # native names in the file
@@ -47,6 +48,29 @@ def test_dpo_reports_to_tensorboard(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     tags = tb_tags(tmp_path / "d" / "tensorboard")
     assert tags["loss"] == [1, 2] and "rewards/accuracies" in tags
+
+
+def metric_table():
+    "The markdown of the metric table's section in nbs/00f_tracking.ipynb."
+    nb = json.loads((Path(__file__).resolve().parents[1] / "nbs" / "00f_tracking.ipynb").read_text())
+    md = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
+    return next(m for m in md if m.startswith("## Every metric, one name"))
+
+
+@pytest.mark.parametrize("algo,extra", [("grpo", ["--filter_groups", "true"]), ("ppo", ["--adv_estimator", "gae", "--eval_steps", "2"]),
+                                        ("dpo", None)])
+def test_every_logged_metric_has_one_documented_name(tmp_path, algo, extra):
+    from rlhf_nb.tracking import documented_metric
+    if extra is None: args = ["dpo", "--max_steps", "2", "--per_device_train_batch_size", "2", "--num_pairs", "4", "--num_eval_pairs", "2",
+                              "--num_eval_prompts", "4", "--rejected_from_policy", "false", "--max_length", "32", "--eval_steps", "2", "--logging_steps", "1"]
+    else: args = [algo, *TINY, *extra]
+    r = rlhf_nb(*args, "--output_dir", "r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    keys = {k for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines() for k in json.loads(l)}
+    table = metric_table()
+    assert not [k for k in keys if not documented_metric(k, table)], "metrics missing from the table in nbs/00f_tracking.ipynb"
+    assert not [k for k in keys if k.startswith("reward/reward/") or k in ("reward/response_length/mean", "response_length/mean")]
+    if algo != "dpo": assert {"score/mean", "score/min", "reward/mean", "reward/arith/mean", "kl/mean"} <= keys
 
 
 @pytest.mark.parametrize("tracker", ["wandb", "trackio"])

