@@ -37,7 +37,7 @@ def run_arm(name):
         warm = time.time() - t0
         for k in ("environment", "max_tool_calling_iterations", "warm_start_dir", "warm_start_demos", "warm_start_steps"): cfg.pop(k)
     (folder / "run.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "RLHF_NB_CACHE": str(folder / "cache")}   # a cold start: nothing cached
     t0 = time.time()
     subprocess.run(["rlhf-nb", "grpo", "--config", "run.yaml", "--disable_tqdm", "true"], cwd=folder, env=env, check=True)
     seconds = time.time() - t0 + (warm if name == "notool" else 0.0)

@@ -342,7 +342,7 @@ def compute_scores(self: RewardWorker, data):
     last = torch.where(data["response_mask"].bool(), torch.arange(R, device=scores.device), 0).max(-1).values   # [B]: last sampled token
     if "env_reward" in data:                                             # an environment's own reward (agents: get_reward), weight 1
         scores[torch.arange(len(last)), last] += data["env_reward"].to(scores)
-        metrics = {**(metrics or {}), "environment/mean": float(data["env_reward"].float().mean())}
+        metrics = {**(metrics or {}), "reward/environment/mean": float(data["env_reward"].float().mean())}
     penalty = getattr(self.config, "missing_eos_penalty", None)
     if penalty:
         rows = torch.nonzero(~data["has_eos"]).squeeze(-1)
