@@ -86,8 +86,8 @@ def field_arguments(f, hint):
 # %% ../nbs/00_config.ipynb #d01cebb9
 def _first_line(doc): return (doc or "").strip().split("\n")[0]
 
-class _HelpFormatter(argparse.HelpFormatter):
-    "Help lines that state the default once (not where the text already says it) and the allowed range."
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    "Help lines that state the default once (not where the text already says it) and the allowed range; the epilog as written."
     def __init__(self, prog): super().__init__(prog, max_help_position=40)
     def _get_help_string(self, action):
         h, notes = action.help or "", []
@@ -121,7 +121,8 @@ def add_dataclass_options(parser, cls, hidden=()):
 # %% ../nbs/00_config.ipynb #1147642a
 def make_parser(dataclass_types, prog="rlhf-nb", description=None, hidden=(), epilog=None):
     "The parser of `dataclass_types` (argument groups, ranges), plus `--config FILE.yaml` (listed in `--help`)."
-    parser = _Parser(prog=prog, description=description, epilog=epilog, formatter_class=_HelpFormatter)
+    parser = _Parser(prog=prog, description=description, epilog=epilog, formatter_class=_HelpFormatter,
+                     usage=f"{prog} [--config FILE.yaml] [--OPTION VALUE ...]")
     parser.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS,
                         help="YAML file of options (keys are the option names below); command-line options override it")
     for cls in dataclass_types: add_dataclass_options(parser, cls, hidden)
