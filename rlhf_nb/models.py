@@ -284,9 +284,9 @@ def load_options(a, revision=True):
 class LoraArgs:
     "LoRA and gradient checkpointing of the model a stage trains (`trl.ModelConfig`'s names)."
     use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
-    lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).")
-    lora_dropout: float = option(0.0, "LoRA dropout.")
+    lora_r: int = option(16, "LoRA rank.", min=1)
+    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).", gt=0)
+    lora_dropout: float = option(0.0, "LoRA dropout.", min=0, lt=1)
     lora_target_modules: Optional[list[str]] = option(["all-linear"], "Layers that get an adapter: all-linear (every linear layer but "
                                                       "the output head), or module names such as q_proj v_proj (space or comma separated).")
     gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute (turns "
