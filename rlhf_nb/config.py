@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #8cc9d9e7
 from __future__ import annotations
-import argparse, dataclasses, difflib, importlib.util, json, types, typing
+import argparse, dataclasses, difflib, importlib.util, json, textwrap, types, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -89,6 +89,8 @@ def _first_line(doc): return (doc or "").strip().split("\n")[0]
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     "Help lines that state the default once (not where the text already says it) and the allowed range; the epilog as written."
     def __init__(self, prog): super().__init__(prog, max_help_position=40)
+    def _split_lines(self, text, width):                                  # never break `rlhf-nb` or `reward-model` at the hyphen
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
     def _get_help_string(self, action):
         h, notes = action.help or "", []
         if getattr(action, "range", None): notes.append(range_text(action.range))
