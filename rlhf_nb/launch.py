@@ -283,6 +283,7 @@ def _main(argv=None):
         if full: _all_said()
         return 2
 
+# %% ../nbs/04c_launch.ipynb #be4004b9
 def _end_distributed():
     "Destroy the process group if torch.distributed is loaded (a command that never imported torch has none)."
     if "rlhf_nb.dist" in sys.modules: _lazy("dist").end_distributed()
@@ -377,6 +378,7 @@ def check_output_dir(path, overwrite=False, resume=None):
         raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
                           "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")
 
+# %% ../nbs/04c_launch.ipynb #73b0cc11
 def parse_train_args(algo, argv):
     "Parse and check the options of training subcommand `algo`: -> (config, data_args, launch_args)."
     cfg_cls, data_cls, launch_cls = _arg_types(algo)
