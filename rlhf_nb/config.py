@@ -11,18 +11,24 @@ from typing import Optional
 import yaml
 
 # %% auto #0
-__all__ = ['RANGE_KEYS', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments', 'add_dataclass_options',
-           'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs', 'packaged_configs',
-           'find_config', 'parse_config', 'CheckpointArgs', 'TrackingArgs', 'DataArgs', 'SupervisedArgs',
-           'option_declarations', 'repeated_options']
+__all__ = ['RANGE_KEYS', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments',
+           'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs',
+           'packaged_configs', 'find_config', 'parse_config', 'CheckpointArgs', 'TrackingArgs', 'DataArgs',
+           'SupervisedArgs', 'option_declarations', 'repeated_options']
 
 # %% ../nbs/00_config.ipynb #8616afec
 RANGE_KEYS = ("min", "max", "gt", "lt")
 
+class OptionMetadata(dict):
+    "Field metadata whose `keys()` and `copy()`, what `HfArgumentParser` hands to argparse, leave out the range keys argparse does not know."
+    def keys(self): return [k for k in super().keys() if k not in RANGE_KEYS]
+    def copy(self): return {k: self[k] for k in self.keys()}
+
 def option(default, help, **kw):
     "A dataclass field with `default` and a `help` string (plus `choices`, or a range: `min`/`max` inclusive, `gt`/`lt` exclusive)."
-    if isinstance(default, (list, dict, set)): return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+    meta = OptionMetadata(help=help, **kw)
+    if isinstance(default, (list, dict, set)): return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 def range_text(rng):
     "The allowed range `{min: 1, lt: 1.0}` in words: '>= 1 and < 1.0'."

@@ -260,7 +260,7 @@ def _main(argv=None):
         hint = f"did you mean {near[0]!r}? " if near else ""
         print(f"rlhf-nb: unknown subcommand {name!r}; {hint}choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
-    if not any(a in ("-h", "--help") for a in rest): _lazy("dist").ensure_cpu_distributed()
+    if _launched_world() > 1: _lazy("dist").ensure_cpu_distributed()  # a rank of a CPU launch: accelerate must see every process
     try:
         wants_launcher = any(a == "--accelerate_config" or a.startswith("--accelerate_config=") for a in rest)
         if wants_launcher and not any(a in ("-h", "--help") for a in rest): return relaunch(name, rest)
