@@ -153,3 +153,17 @@ def test_full_disk_while_saving_sft_model(tmp_path):
     left = sorted(p.name for p in out.iterdir()) if out.exists() else []
     assert not {"config.json", "model.safetensors", "tokenizer.json"} & set(left), left     # no half-saved model
     assert not [p for p in [*tmp_path.iterdir(), *out.glob("*")] if ".tmp" in p.name]       # no temporary folder left
+
+
+def test_safetensors_full_disk_anywhere_is_the_diskfull_line(capsys, monkeypatch, tmp_path):
+    "safetensors' own words for a full disk (no errno), raised by any stage, end as the one DiskFull line."
+    from rlhf_nb import launch
+    monkeypatch.delenv("RLHF_NB_DEBUG", raising=False); monkeypatch.chdir(tmp_path)
+    class SafetensorError(Exception): pass
+    for text in ("Error while serializing: I/O error: File too large (os error 27)", "I/O error: No space left on device (os error 28)"):
+        def stage(argv): raise SafetensorError(text)
+        launch.register_subcommand("_full", stage)
+        try:
+            capsys.readouterr(); rc = launch.main(["_full"])
+        finally: del launch.SUBCOMMANDS["_full"]
+        error_line(subprocess.CompletedProcess([], rc, "", capsys.readouterr().err), "rlhf-nb _full: error: disk full writing")
