@@ -1,9 +1,10 @@
 """Start-up time of the `rlhf-nb` command line: `--help`, `grpo --help` and a one-step GRPO run, median of several runs.
 
-    python bench/cli_startup.py --label after                     # this checkout (PYTHONPATH = the repository)
-    python bench/cli_startup.py --label before --root /path/to/an/older/checkout
+    python bench/cli_startup.py --before /path/to/an/older/checkout   # both, runs interleaved: before, after, before, ...
+    python bench/cli_startup.py --label after                          # this checkout only (PYTHONPATH = the repository)
 
-Each label's medians go to bench/results_cli.json (other labels kept) and the table with ratios to bench/results_cli.md.
+Interleaving the two checkouts' runs keeps a busy machine's load from favouring either. Each label's medians go to
+bench/results_cli.json (other labels kept), the table with ratios to bench/results_cli.md.
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -14,17 +15,26 @@ ONE_STEP = ["grpo", "--max_steps", "1", "--per_device_train_batch_size", "2", "-
 COMMANDS = {"rlhf-nb --help": ["--help"], "rlhf-nb grpo --help": ["grpo", "--help"], "rlhf-nb grpo (1 step)": ONE_STEP}
 
 
-def time_command(root, args, runs):
-    "Median wall seconds of `python -m rlhf_nb.launch ARGS` with `root` first on PYTHONPATH (fresh output folder each run)."
+def time_once(root, args):
+    "Wall seconds of one `python -m rlhf_nb.launch ARGS` with `root` first on PYTHONPATH (a fresh output folder for a run)."
     env = {**os.environ, "PYTHONPATH": str(root), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TQDM_DISABLE": "1"}
-    times = []
-    for _ in range(runs):
-        extra = ["--output_dir", tempfile.mkdtemp(prefix="cli_bench_")] if args is ONE_STEP else []
-        t0 = time.perf_counter()
-        r = subprocess.run([sys.executable, "-m", "rlhf_nb.launch", *args, *extra], capture_output=True, text=True, env=env, cwd=root)
-        times.append(time.perf_counter() - t0)
-        if r.returncode != 0: raise SystemExit(f"{args}: status {r.returncode}\n{r.stderr[-2000:]}")
-    return round(statistics.median(times), 3)
+    extra = ["--output_dir", tempfile.mkdtemp(prefix="cli_bench_")] if args is ONE_STEP else []
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "rlhf_nb.launch", *args, *extra], capture_output=True, text=True, env=env, cwd=root)
+    if r.returncode != 0: raise SystemExit(f"{args}: status {r.returncode}\n{r.stderr[-2000:]}")
+    return time.perf_counter() - t0
+
+
+def measure(roots, runs):
+    "{label: {command: median seconds}} over `runs` runs of each command, the labels' runs interleaved (one warm-up each first)."
+    out = {label: {} for label in roots}
+    for c, args in COMMANDS.items():
+        for root in roots.values(): time_once(root, args)                           # compiles .pyc, warms the page cache
+        times = {label: [] for label in roots}
+        for _ in range(runs if "step" not in c else max(3, runs // 2)):
+            for label, root in roots.items(): times[label].append(time_once(root, args))
+        for label in roots: out[label][c] = round(statistics.median(times[label]), 3)
+    return out
 
 
 def table(results):
@@ -41,12 +51,15 @@ def table(results):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--label", default="after"); ap.add_argument("--root", default=str(HERE.parent)); ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--label", default="after"); ap.add_argument("--root", default=str(HERE.parent))
+    ap.add_argument("--before", default=None, help="an older checkout, measured as 'before', interleaved with this one")
+    ap.add_argument("--runs", type=int, default=5)
     a = ap.parse_args(argv)
+    roots = {"before": Path(a.before), a.label: Path(a.root)} if a.before else {a.label: Path(a.root)}
     out = HERE / "results_cli.json"
     results = json.loads(out.read_text()) if out.exists() else {}
-    results[a.label] = {"root": a.root, "runs": a.runs, "cpus": os.cpu_count(),
-                        "medians": {c: time_command(Path(a.root), args, a.runs if "step" not in c else max(3, a.runs // 2)) for c, args in COMMANDS.items()}}
+    for label, medians in measure(roots, a.runs).items():
+        results[label] = {"root": str(roots[label]), "runs": a.runs, "cpus": os.cpu_count(), "load": os.getloadavg()[0], "medians": medians}
     out.write_text(json.dumps(results, indent=1) + "\n")
     (HERE / "results_cli.md").write_text("# rlhf-nb start-up (median seconds, this machine: %d CPUs)\n\n" % os.cpu_count() + table(results))
     print(table(results))
