@@ -4,30 +4,56 @@
 
 # %% ../nbs/00_config.ipynb #8cc9d9e7
 from __future__ import annotations
-import argparse, dataclasses, importlib.util, json
+import argparse, dataclasses, difflib, importlib.util, json, textwrap, types, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
-from transformers import HfArgumentParser
 
 # %% auto #0
-__all__ = ['option', 'ConfigError', 'make_parser', 'config_dirs', 'packaged_configs', 'find_config', 'parse_config',
-           'CheckpointArgs', 'TrackingArgs', 'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options']
+__all__ = ['RANGE_KEYS', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments',
+           'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs',
+           'packaged_configs', 'find_config', 'parse_config', 'CheckpointArgs', 'TrackingArgs', 'DataArgs',
+           'SupervisedArgs', 'option_declarations', 'repeated_options']
 
 # %% ../nbs/00_config.ipynb #8616afec
+RANGE_KEYS = ("min", "max", "gt", "lt")
+
+class OptionMetadata(dict):
+    "Field metadata whose `keys()` and `copy()`, what `HfArgumentParser` hands to argparse, leave out the range keys argparse does not know."
+    def keys(self): return [k for k in super().keys() if k not in RANGE_KEYS]
+    def copy(self): return {k: self[k] for k in self.keys()}
+
 def option(default, help, **kw):
-    "A dataclass field with `default` and a `help` string (plus argparse metadata such as `choices`)."
-    if isinstance(default, (list, dict, set)): return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
+    "A dataclass field with `default` and a `help` string (plus `choices`, or a range: `min`/`max` inclusive, `gt`/`lt` exclusive)."
+    meta = OptionMetadata(help=help, **kw)
+    if isinstance(default, (list, dict, set)): return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+def range_text(rng):
+    "The allowed range `{min: 1, lt: 1.0}` in words: '>= 1 and < 1.0'."
+    return " and ".join(f"{s} {rng[k]}" for k, s in (("min", ">="), ("gt", ">"), ("max", "<="), ("lt", "<")) if k in rng)
+
+def in_range(value, rng):
+    "Whether number `value` lies in range `rng` (None, and a NaN, is never in a range; a list is not checked)."
+    if isinstance(value, (list, tuple, str)) or value is None: return True
+    ok = {"min": lambda b: value >= b, "max": lambda b: value <= b, "gt": lambda b: value > b, "lt": lambda b: value < b}
+    return all(ok[k](b) for k, b in rng.items())
 
 # %% ../nbs/00_config.ipynb #6cb02594
 class ConfigError(ValueError):
     "A bad configuration: the message names the option or file that is wrong."
 
-class _Parser(HfArgumentParser):
-    "An `HfArgumentParser` that raises `ConfigError` (one clear line) instead of printing usage and exiting."
+class _Parser(argparse.ArgumentParser):
+    "An `ArgumentParser` that raises `ConfigError` (one clear line) instead of printing usage and exiting."
     def error(self, message): raise ConfigError(message)
+
+def _str_to_bool(v):
+    "argparse type of a bool option: true/false, yes/no, on/off, 1/0 (any case)."
+    s = str(v).strip().lower()
+    if s in ("true", "yes", "y", "t", "on", "1"): return True
+    if s in ("false", "no", "n", "f", "off", "0"): return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {v!r}")
 
 def _yaml_to_args(cfg, path):
     "Turn a YAML mapping into `--key value` strings that argparse will check and convert."
@@ -41,13 +67,96 @@ def _yaml_to_args(cfg, path):
         else: args += [f"--{k}", str(v)]
     return args
 
+# %% ../nbs/00_config.ipynb #79edbc39
+def _unwrap(hint):
+    "The type inside `Optional[X]` / `X | None`, else `hint`."
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
+
+_METAVARS = {int: "INT", float: "FLOAT", str: "TEXT"}
+
+def field_arguments(f, hint):
+    "argparse keywords of dataclass field `f` of type `hint`: type, nargs, default, metavar, choices and help."
+    kw = {k: v for k, v in f.metadata.items() if k not in RANGE_KEYS}
+    t = _unwrap(hint)
+    if t is bool: kw.update(type=_str_to_bool, nargs="?", const=True, metavar="BOOL")
+    elif t is list or typing.get_origin(t) is list:
+        kw.update(type=(typing.get_args(t) or (str,))[0], nargs="+", metavar="TEXT" if not typing.get_args(t) else _METAVARS.get(typing.get_args(t)[0]))
+    elif t in _METAVARS: kw.update(type=t, metavar=None if "choices" in kw else _METAVARS[t])
+    else: kw.update(type=str, metavar="TEXT")
+    if f.default is not dataclasses.MISSING: kw["default"] = f.default
+    elif f.default_factory is not dataclasses.MISSING: kw["default"] = f.default_factory()
+    else: kw["required"] = True
+    return kw
+
+# %% ../nbs/00_config.ipynb #d01cebb9
+def _first_line(doc): return (doc or "").strip().split("\n")[0]
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    "Help lines that state the default once (not where the text already says it) and the allowed range; the epilog as written."
+    def __init__(self, prog): super().__init__(prog, max_help_position=40)
+    def _split_lines(self, text, width):                                  # never break `rlhf-nb` or `reward-model` at the hyphen
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+    def _get_help_string(self, action):
+        h, notes = action.help or "", []
+        if getattr(action, "range", None): notes.append(range_text(action.range))
+        if action.option_strings and action.default not in (None, argparse.SUPPRESS) and "default" not in h.lower():
+            notes.append("default: %(default)s")
+        return f"{h} ({'; '.join(notes)})" if notes else h
+
+def _groups(cls):
+    "{field name: the base-most dataclass of `cls`'s MRO that declares it}: the option's group in `--help`."
+    owner = {}
+    for b in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(b): owner.update({k: b for k in b.__dict__.get("__annotations__", {}) if k not in owner})
+    return owner
+
+def add_dataclass_options(parser, cls, hidden=()):
+    "Add the fields of dataclass `cls` to `parser`, one argument group per declaring dataclass; `hidden`: accepted, not listed."
+    hints, groups, owner = typing.get_type_hints(cls), {}, _groups(cls)
+    for f in (f for f in dataclasses.fields(cls) if f.init):
+        g = owner.get(f.name, cls)
+        if g not in groups: groups[g] = parser.add_argument_group(g.__name__, _first_line(g.__doc__) or None)
+        kw = field_arguments(f, hints[f.name])
+        kw["help"] = argparse.SUPPRESS if f.name in hidden else kw.get("help", "").replace("%", "%%")
+        action = groups[g].add_argument(f"--{f.name}", dest=f.name, **kw)
+        action.range = {k: f.metadata[k] for k in RANGE_KEYS if k in f.metadata}
+        if "_" in f.name: groups[g].add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **{**kw, "help": argparse.SUPPRESS})
+        if _unwrap(hints[f.name]) is bool and f.default is True:
+            groups[g].add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
+    return parser
+
 # %% ../nbs/00_config.ipynb #1147642a
-def make_parser(dataclass_types, prog="rlhf-nb", description=None):
-    "The `HfArgumentParser` of `dataclass_types`, plus `--config FILE.yaml` (listed in `--help`)."
-    parser = _Parser(dataclass_types, prog=prog, description=description)
+def make_parser(dataclass_types, prog="rlhf-nb", description=None, hidden=(), epilog=None):
+    "The parser of `dataclass_types` (argument groups, ranges), plus `--config FILE.yaml` (listed in `--help`)."
+    parser = _Parser(prog=prog, description=description, epilog=epilog, formatter_class=_HelpFormatter,
+                     usage=f"{prog} [--config FILE.yaml] [--OPTION VALUE ...]")
     parser.add_argument("--config", metavar="FILE.yaml", default=argparse.SUPPRESS,
                         help="YAML file of options (keys are the option names below); command-line options override it")
+    for cls in dataclass_types: add_dataclass_options(parser, cls, hidden)
     return parser
+
+def option_names(parser):
+    "The option names `parser` accepts (each once, without dashes)."
+    return sorted({a.dest for a in parser._actions if a.dest not in ("help", "config")})
+
+def unknown_options(names, valid, dash="--", prog="rlhf-nb"):
+    "One line for the unknown option `names`: each with the nearest valid name (difflib) when one is close."
+    def near(n):
+        m = difflib.get_close_matches(n.lstrip("-").replace("-", "_"), valid, n=1, cutoff=0.75)
+        return f"{dash}{m[0]}" if m else None
+    shown = [f"{dash}{n.lstrip('-')}" if n.startswith("-") or not dash else n for n in names]
+    if len(names) == 1:
+        m = near(names[0])
+        return f"unknown option {shown[0]}; " + (f"did you mean {m}?" if m else f"`{prog} --help` lists the options")
+    return "unknown options " + ", ".join(s + (f" (did you mean {m}?)" if (m := near(n)) else "") for s, n in zip(shown, names))
+
+def check_ranges(parser, ns, where="", dash="--"):
+    "Refuse a parsed value outside the range its option declares: ConfigError naming the option, the value and the range."
+    for a in parser._actions:
+        rng, v = getattr(a, "range", None), getattr(ns, a.dest, None)
+        if rng and not in_range(v, rng): raise ConfigError(f"{where}{dash}{a.dest} {v} is out of range: it must be {range_text(rng)}")
+    return ns
 
 # %% ../nbs/00_config.ipynb #51bd7973
 def config_dirs():
@@ -71,39 +180,48 @@ def find_config(name_or_path):
     raise ConfigError(f"config file not found: {name_or_path} (shipped configs: {', '.join(shipped) or 'none'})")
 
 # %% ../nbs/00_config.ipynb #85aae2b6
-def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None):
+def _yaml_options(argv, parser, prog):
+    "(argv without `--config FILE`, the file's options as `--key value` strings, each checked against `parser`)."
+    i = argv.index("--config")
+    if i + 1 >= len(argv): raise ConfigError("--config needs a YAML file path")
+    path = find_config(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
+    try: cfg = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if cfg is not None and not isinstance(cfg, dict):
+        raise ConfigError(f"{path}: expected a mapping of option: value, got {type(cfg).__name__}")
+    unknown = [str(k) for k in (cfg or {}) if k not in option_names(parser)]
+    if unknown: raise ConfigError(f"{path}: {unknown_options(unknown, option_names(parser), dash='', prog=prog)}")
+    args = _yaml_to_args(cfg, path)
+    try: ns, _ = parser.parse_known_args(args)
+    except ConfigError as e: raise ConfigError(f"{path}: {str(e).removeprefix('argument --')}") from None
+    check_ranges(parser, ns, f"{path}: ", dash="")
+    return argv, args
+
+def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None, hidden=(), epilog=None):
     "Parse `--config FILE.yaml` plus `--key value` overrides into instances of `dataclass_types` (a tuple)."
     dataclass_types = tuple(dataclass_types) if isinstance(dataclass_types, (list, tuple)) else (dataclass_types,)
-    argv = list(argv or [])
-    parser = make_parser(dataclass_types, prog, description)
-    valid = sorted({a.dest for a in parser._actions if a.dest not in ("help", "config")})
-    yaml_args = []
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv): raise ConfigError("--config needs a YAML file path")
-        path = find_config(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
-        try: cfg = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
-        if cfg is not None and not isinstance(cfg, dict):
-            raise ConfigError(f"{path}: expected a mapping of option: value, got {type(cfg).__name__}")
-        unknown = [k for k in (cfg or {}) if k not in valid]
-        if unknown: raise ConfigError(f"{path}: unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(valid)}")
-        yaml_args = _yaml_to_args(cfg, path)
-    out = parser.parse_args_into_dataclasses(args=yaml_args + argv, return_remaining_strings=True, look_for_args_file=False)
-    *objs, rest = out
-    if rest:
-        flags = [r for r in rest if r.startswith("--")]
-        raise ConfigError(f"unknown option(s) {', '.join(flags or rest)}; valid options are: {', '.join(valid)}")
-    return tuple(objs)
+    argv, yaml_args = list(argv or []), []
+    parser = make_parser(dataclass_types, prog, description, hidden, epilog)
+    if "--config" in argv: argv, yaml_args = _yaml_options(argv, parser, prog)
+    ns, rest = parser.parse_known_args(yaml_args + argv)
+    if rest: raise ConfigError(unknown_options([r for r in rest if r.startswith("-")] or rest, option_names(parser), prog=prog))
+    check_ranges(parser, ns)
+    out = []
+    for cls in dataclass_types:
+        kw = {f.name: getattr(ns, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(ns, f.name)}
+        out.append(cls(**kw))
+    return tuple(out)
 
 # %% ../nbs/00_config.ipynb #a0907010
 @dataclass
 class CheckpointArgs:
     "The checkpoints of a run: how often `output_dir/checkpoint-N` is written, how many are kept, where to resume from."
     save_steps: int = option(0, "Write output_dir/checkpoint-N every this many steps (0 = none on a schedule; a run stopped by "
-                             "SIGTERM/SIGINT still writes one to resume from).")
-    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints, the oldest deleted first (None or 0 = keep all).")
+                             "SIGTERM/SIGINT still writes one to resume from).", min=0)
+    save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints, the oldest deleted first (None or 0 = keep all).", min=0)
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder this command wrote, or 'latest' (the newest complete one in output_dir).")
+    overwrite_output_dir: bool = option(False, "Replace what a previous run wrote in output_dir (metrics, checkpoints, model); "
+                                        "without it a non-empty output_dir is refused (or give resume_from_checkpoint).")
 
     def __post_init__(self):
         if self.save_steps < 0: raise ValueError(f"save_steps must be >= 0 (0 = no checkpoints on a schedule), got {self.save_steps}")
@@ -126,11 +244,10 @@ class DataArgs:
 @dataclass
 class SupervisedArgs:
     "Pace and checks of a one-model training stage (SFT, a reward model): learning rate, limits, evaluation, seed."
-    overwrite_output_dir: bool = option(False, "Replace a non-empty output_dir.")
-    learning_rate: float = option(3e-3, "AdamW learning rate.")
-    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.")
-    eval_steps: int = option(50, "Held-out evaluation every this many steps (SFT: greedy accuracy; reward model: pairwise accuracy).")
-    eval_size: int = option(200, "Held-out examples the evaluation uses (prompts for SFT, pairs for a reward model).")
+    learning_rate: float = option(3e-3, "AdamW learning rate.", gt=0)
+    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.", gt=0)
+    eval_steps: int = option(50, "Held-out evaluation every this many steps (SFT: greedy accuracy; reward model: pairwise accuracy).", min=0)
+    eval_size: int = option(200, "Held-out examples the evaluation uses (prompts for SFT, pairs for a reward model).", min=0)
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
 
 # %% ../nbs/00_config.ipynb #219460bd

@@ -46,7 +46,7 @@ class AccelerateArgs:
                         "stay float32 (GPU, or a CPU with bf16 matmuls).")
     ddp_timeout: int = option(1800, "Seconds a collective of a multi-process run waits for a rank that stopped answering "
                               "before the run stops (the process group's timeout; TRL's name). It must exceed the longest "
-                              "stretch one rank works alone: an evaluation, a checkpoint write.")
+                              "stretch one rank works alone: an evaluation, a checkpoint write.", min=1)
 
 def check_accelerate_args(args):
     "Refuse an `AccelerateArgs` that cannot run (a `ddp_timeout` below one second) with one line."

@@ -138,12 +138,12 @@ REF_STRATEGIES = ("precompute", "peft")
 @dataclass
 class _DPOLoss(LoraArgs):
     "The DPO loss and its reference (LoRA and gradient checkpointing from `rlhf_nb.models.LoraArgs`)."
-    beta: float = option(0.1, "Temperature of the implicit reward beta*log(pi/ref); for ipo the regularisation tau.")
+    beta: float = option(0.1, "Temperature of the implicit reward beta*log(pi/ref); for ipo the regularisation tau.", gt=0)
     loss_type: str = option("sigmoid", "sigmoid (DPO), ipo, hinge or robust.")
-    label_smoothing: float = option(0.0, "Assumed fraction of flipped labels (cDPO / robust DPO).")
+    label_smoothing: float = option(0.0, "Assumed fraction of flipped labels (cDPO / robust DPO).", min=0, max=0.5)
     rpo_alpha: float | None = option(None, "Weight of an extra NLL loss on the chosen answers (RPO, Pang et al. 2024); None = off.")
     ref_strategy: str = option("precompute", "precompute: reference log-probs computed once before training (no reference in memory); peft: adapter-disabled base model each step (needs use_peft).")
-    precompute_ref_batch_size: int = option(64, "Pairs per forward pass when precomputing reference log-probs.")
+    precompute_ref_batch_size: int = option(64, "Pairs per forward pass when precomputing reference log-probs.", min=1)
     share_prompt_prefix: bool = option(True, "Run each pair's prompt once and both answers on its keys/values (same numbers, "
                                        "less work); False runs the prompt with each answer.")
     parallel_halves: str = option("auto", "Each step's pairs in two halves, forward and backward side by side in threads with "
@@ -155,17 +155,17 @@ class _DPOLoss(LoraArgs):
 @dataclass
 class DPOConfig(_DPOLoss, CheckpointArgs, TrackingArgs, AccelerateArgs, LoadArgs, DataArgs, _DPOData):
     "Settings of a DPO run (TRL's names where `trl.DPOConfig` has the same knob)."
-    learning_rate: float = option(2e-4, "AdamW learning rate.")
-    per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).")
-    num_train_epochs: float = option(1.0, "Passes over the pairs (ignored when max_steps > 0).")
-    max_steps: int = option(-1, "Optimizer steps; -1 = from num_train_epochs.")
-    max_seconds: float | None = option(None, "Stop training after this many seconds (None = no limit).")
-    max_grad_norm: float = option(1.0, "Gradient clipping norm.")
-    weight_decay: float = option(0.0, "AdamW weight decay.")
-    warmup_steps: int = option(0, "Linear warm-up steps of the learning rate.")
-    logging_steps: int = option(10, "Log training metrics every N steps.")
-    eval_steps: int = option(50, "Evaluate every N steps (and at the start and the end).")
-    max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.")
+    learning_rate: float = option(2e-4, "AdamW learning rate.", gt=0)
+    per_device_train_batch_size: int = option(32, "Pairs per optimizer step and process (the global batch is this x processes).", min=1)
+    num_train_epochs: float = option(1.0, "Passes over the pairs (ignored when max_steps > 0).", gt=0)
+    max_steps: int = option(-1, "Optimizer steps; -1 = from num_train_epochs.", min=-1)
+    max_seconds: float | None = option(None, "Stop training after this many seconds (None = no limit).", gt=0)
+    max_grad_norm: float = option(1.0, "Gradient clipping norm.", min=0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", min=0)
+    warmup_steps: int = option(0, "Linear warm-up steps of the learning rate.", min=0)
+    logging_steps: int = option(10, "Log training metrics every N steps.", min=1)
+    eval_steps: int = option(50, "Evaluate every N steps (and at the start and the end).", min=0)
+    max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.", min=1)
 
     def __post_init__(self):
         super().__post_init__()                                           # the option groups' checks

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import contextlib, errno, json, os, resource, shutil, socket, tempfile, time, warnings
 from pathlib import Path
-import torch
 
 # %% auto #0
 __all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'CACHE_ENV', 'write_json_atomic', 'full_disk_errno', 'human_bytes',
@@ -109,14 +108,14 @@ def distributed_world():
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 def _collective_device():
-    import torch.distributed as dist
+    import torch, torch.distributed as dist                              # torch only when a collective runs: the CLI starts fast
     return torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else torch.device("cpu")
 
 def agree_disk_full(err, path):
     "Share one write's outcome with every rank (one all_reduce): if any rank's `err` is a DiskFull, every rank raises it. `path`: the file, or a list of the files that write may fill."
     paths = [Path(q) for q in (path if isinstance(path, (list, tuple)) else [path])]
     if distributed_world() > 1:
-        import torch.distributed as dist
+        import torch, torch.distributed as dist
         where = paths.index(err.path) if err and err.path in paths else 0
         t = torch.tensor([err.errno, err.need, where] if err else [0, 0, 0], dtype=torch.float64, device=_collective_device())
         dist.all_reduce(t, op=dist.ReduceOp.MAX)

@@ -9,38 +9,43 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, contextlib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
+import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
-from .config import ConfigError, find_config, make_parser, option, packaged_configs, parse_config
-from .core import UnknownEstimatorError
-from .files import DiskFull, distributed_world
-from .tracking import log_progress, model_card, push_to_hub
-from .checkpoints import CorruptCheckpoint, list_checkpoints
-from .dist import RankLost, Interrupted, end_distributed, exit_process, ensure_cpu_distributed, process_state
-from .data import DataError
-from .prep import DataArgs, check_dataset, prep_main
-from .models import check_model_path
-from .reward_model import RMArgs, run_reward_model
-from .sft import SFTArgs, EvalArgs, run_sft, run_eval
-from .placement import WorkerLost
-from .rollout import RolloutEngineError, serve_main
-from .rl_config import PPOConfig
-from .algos import GRPOConfig, run_rl
-from .dpo import DPOConfig, run_dpo
-from .demo import DemoArgs, PlotArgs, DPO_PANELS, plot_runs, run_demo
-from .trl_pipelines import parse_trl_args, trl_main, trl_ppo_config
-from .health import save_health, format_warnings
+from .config import ConfigError, DataArgs, find_config, option, packaged_configs, parse_config
+from .files import DiskFull, distributed_world, full_disk_errno
+from .tracking import log_progress
 
 # %% auto #0
-__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERRORS', 'ALGORITHMS', 'STAGE_INPUTS',
-           'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config', 'launch_command',
-           'launch_env', 'register_subcommand', 'main', 'LaunchArgs', 'register_algorithm', 'final_model_folder',
-           'push_run', 'stage_hint', 'check_stage_inputs', 'check_output_dir', 'parse_train_args', 'train_main',
-           'relaunch', 'launch_status', 'run_launcher', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main',
-           'config_main', 'health_main']
+__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERROR_NAMES', 'ALGORITHMS', 'STAGE_INPUTS', 'RUN_FILES',
+           'GRPO_HIDDEN', 'GLOSSARY', 'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config',
+           'launch_command', 'launch_env', 'register_subcommand', 'disk_full_error', 'main', 'LaunchArgs',
+           'register_algorithm', 'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs', 'run_files',
+           'check_output_dir', 'parse_train_args', 'train_main', 'glossary', 'relaunch', 'launch_status',
+           'run_launcher', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
+
+# %% ../nbs/04c_launch.ipynb #82a0b759
+def _lazy(module):
+    "The package module `rlhf_nb.<module>`, imported on first use (lazy for start-up speed: the CLI loads only what a command needs)."
+    return importlib.import_module(f"rlhf_nb.{module}")
+
+_LAZY_NAMES = {"PPOConfig": "rl_config", "GRPOConfig": "algos", "run_rl": "algos", "DPOConfig": "dpo", "run_dpo": "dpo",
+               "SFTArgs": "sft", "EvalArgs": "sft", "run_sft": "sft", "run_eval": "sft", "RMArgs": "reward_model",
+               "run_reward_model": "reward_model", "DemoArgs": "demo", "PlotArgs": "demo", "DPO_PANELS": "demo", "plot_runs": "demo",
+               "run_demo": "demo", "check_model_path": "models", "prep_main": "prep", "check_dataset": "prep", "trl_main": "trl_pipelines",
+               "parse_trl_args": "trl_pipelines", "trl_ppo_config": "trl_pipelines", "save_health": "health",
+               "format_warnings": "health", "serve_main": "rollout", "list_checkpoints": "checkpoints", "model_card": "tracking",
+               "push_to_hub": "tracking", "ensure_cpu_distributed": "dist", "end_distributed": "dist", "exit_process": "dist",
+               "process_state": "dist", "Interrupted": "dist", "RankLost": "dist", "DataError": "data", "WorkerLost": "placement",
+               "RolloutEngineError": "rollout", "CorruptCheckpoint": "checkpoints", "UnknownEstimatorError": "core"}
+
+def __getattr__(name):
+    "`rlhf_nb.launch.NAME` for the names above, imported on first use; `EXPECTED_ERRORS` resolved in full."
+    if name in _LAZY_NAMES: return getattr(_lazy(_LAZY_NAMES[name]), name)
+    if name == "EXPECTED_ERRORS": return _expected_errors()
+    raise AttributeError(f"module 'rlhf_nb.launch' has no attribute {name!r}")
 
 # %% ../nbs/04c_launch.ipynb #afc7db07
 _LOCAL = dict(compute_environment="LOCAL_MACHINE", debug=False, machine_rank=0, num_machines=1, gpu_ids="all",
@@ -168,7 +173,7 @@ def launch_env(settings, environ=None):
 
 # %% ../nbs/04c_launch.ipynb #2a5bf925
 SUBCOMMANDS = {
-    "prep": (prep_main, "prepare a dataset as train/test parquet files"),
+    "prep": ("rlhf_nb.prep:prep_main", "prepare a dataset as train/test parquet files"),
 }
 
 def register_subcommand(name, target, help=""):
@@ -203,8 +208,24 @@ def _pop_option(argv, name):
     return out, val
 
 # %% ../nbs/04c_launch.ipynb #21ef3473
-EXPECTED_ERRORS = (ConfigError, DataError, FileNotFoundError, NotADirectoryError, FileExistsError, CorruptCheckpoint,
-                   UnknownEstimatorError, ValueError, WorkerLost, DiskFull, RankLost, RolloutEngineError)
+EXPECTED_ERROR_NAMES = (("config", "ConfigError"), ("data", "DataError"), ("checkpoints", "CorruptCheckpoint"),
+                        ("core", "UnknownEstimatorError"), ("placement", "WorkerLost"), ("files", "DiskFull"),
+                        ("dist", "RankLost"), ("rollout", "RolloutEngineError"))
+_BUILTIN_EXPECTED = (FileNotFoundError, NotADirectoryError, FileExistsError, ValueError)
+
+def _expected_errors(loaded_only=False):
+    "The exception types that mean bad input (one line, status 2); `loaded_only`: only those of modules already imported."
+    mods = [(m, n) for m, n in EXPECTED_ERROR_NAMES if not loaded_only or f"rlhf_nb.{m}" in sys.modules]
+    return _BUILTIN_EXPECTED + tuple(getattr(_lazy(m), n) for m, n in mods)
+
+def disk_full_error(e):
+    "The `DiskFull` that exception `e` amounts to (ENOSPC, EDQUOT, EFBIG, or safetensors' words for them), else None."
+    if isinstance(e, DiskFull): return e
+    code = full_disk_errno(e)
+    if code is None: return None
+    where, x = None, e
+    while x is not None and where is None: where, x = getattr(x, "filename", None), x.__cause__ or x.__context__
+    return DiskFull(where or Path.cwd(), 1, code)
 
 def _launched_world():
     "Processes of the launch this process is a rank of (torchrun's WORLD_SIZE; 1 when not launched)."
@@ -224,7 +245,7 @@ def _all_said():
 def main(argv=None):
     "Entry point of the `rlhf-nb` console script: dispatch `argv[0]` to its subcommand; bad input -> one line, status 2."
     status = _main(argv)
-    if argv is None and _launched_world() > 1: exit_process(status)    # a rank of a launched run: no C++ teardown (SIGABRT)
+    if argv is None and _launched_world() > 1: _lazy("dist").exit_process(status)    # a rank of a launched run: no C++ teardown (SIGABRT)
     return status
 
 def _main(argv=None):
@@ -235,28 +256,37 @@ def _main(argv=None):
         print(_usage()); return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
-        print(f"rlhf-nb: unknown subcommand {name!r}; choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
+        near = difflib.get_close_matches(name, list(SUBCOMMANDS), n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        print(f"rlhf-nb: unknown subcommand {name!r}; {hint}choose one of: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
         return 2
-    ensure_cpu_distributed()
+    if _launched_world() > 1: _lazy("dist").ensure_cpu_distributed()  # a rank of a CPU launch: accelerate must see every process
     try:
         wants_launcher = any(a == "--accelerate_config" or a.startswith("--accelerate_config=") for a in rest)
         if wants_launcher and not any(a in ("-h", "--help") for a in rest): return relaunch(name, rest)
         status = _resolve(SUBCOMMANDS[name][0])(rest) or 0
-        end_distributed()                                               # before exit, or gloo may abort it (SIGABRT)
+        _end_distributed()                                              # before exit, or gloo may abort it (SIGABRT)
         return status
     except SystemExit as e:                                               # argparse's --help
         if e.code in (0, None): return 0
         raise
-    except Interrupted as e:                                              # SIGTERM/SIGINT: checkpoint written
-        end_distributed()
-        print(f"{_rank_prefix()}rlhf-nb {name}: {e}", file=sys.stderr)
-        return e.exit_code
-    except EXPECTED_ERRORS as e:
-        if os.environ.get("RLHF_NB_DEBUG"): raise
+    except Exception as e:
+        if "rlhf_nb.dist" in sys.modules and isinstance(e, _lazy("dist").Interrupted):   # SIGTERM/SIGINT: checkpoint written
+            _end_distributed()
+            print(f"{_rank_prefix()}rlhf-nb {name}: {e}", file=sys.stderr)
+            return e.exit_code
+        full = disk_full_error(e)                                         # a full disk, wherever the write was
+        if os.environ.get("RLHF_NB_DEBUG") or not (full or isinstance(e, _expected_errors(loaded_only=True))): raise
+        e = full or e
         msg = str(e).strip().strip('"').splitlines()[0] if str(e).strip() else type(e).__name__
         print(f"{_rank_prefix()}rlhf-nb {name}: error: {msg}", file=sys.stderr, flush=True)
-        if isinstance(e, DiskFull): _all_said()
+        if full: _all_said()
         return 2
+
+# %% ../nbs/04c_launch.ipynb #be4004b9
+def _end_distributed():
+    "Destroy the process group if torch.distributed is loaded (a command that never imported torch has none)."
+    if "rlhf_nb.dist" in sys.modules: _lazy("dist").end_distributed()
 
 # %% ../nbs/04c_launch.ipynb #b36a3574
 @dataclass
@@ -275,26 +305,30 @@ class LaunchArgs:
 # %% ../nbs/04c_launch.ipynb #ebb61d34
 ALGORITHMS = {}
 
-def register_algorithm(name, config, run, help=""):
-    "Register (or overwrite) training algorithm `name`: `config()` -> its dataclass, `run(cfg, data_args)` trains."
-    ALGORITHMS[name] = (config, run)
+def register_algorithm(name, config, run, help="", hidden=()):
+    "Register (or overwrite) algorithm `name`: `config` its dataclass (or `module:Class`), `run(cfg, data_args)` trains; `hidden`: options --help leaves out."
+    ALGORITHMS[name] = (config, run, tuple(hidden))
     register_subcommand(name, functools.partial(train_main, name), help)
+
+def _config_class(config):
+    "A registered config: a dataclass, a `module:Class` string, or a function returning the dataclass."
+    return config if isinstance(config, type) else _resolve(config) if isinstance(config, str) else config()
 
 def _arg_types(algo):
     "The dataclasses parsed for `algo`: its config, the data options it lacks, the launch options."
     if algo not in ALGORITHMS: raise ConfigError(f"unknown algorithm {algo!r}; choose one of: {', '.join(ALGORITHMS)}")
-    cfg_cls = ALGORITHMS[algo][0]()
+    cfg_cls = _config_class(ALGORITHMS[algo][0])
     names = {f.name for f in dataclasses.fields(cfg_cls)}
     hints = typing.get_type_hints(DataArgs)
-    data_cls = dataclasses.make_dataclass("DataArgs", [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
-                                                       for f in dataclasses.fields(DataArgs) if f.name not in names])
+    data_cls = dataclasses.make_dataclass("DataArgs", namespace={"__doc__": DataArgs.__doc__}, fields= [(f.name, hints[f.name], field(default=f.default, metadata=f.metadata))
+                                                              for f in dataclasses.fields(DataArgs) if f.name not in names])
     return cfg_cls, data_cls, LaunchArgs
 
 # %% ../nbs/04c_launch.ipynb #4d57f9f8
 def final_model_folder(output_dir, summary=None):
     "The folder holding a finished run's final policy: the summary's `final_model`, else the newest checkpoint's `policy`."
     if summary and summary.get("final_model"): return Path(summary["final_model"])
-    cps = list_checkpoints(output_dir)
+    cps = _lazy("checkpoints").list_checkpoints(output_dir)
     if not cps: raise FileNotFoundError(f"push_to_hub: no checkpoint-* folder in {output_dir} to upload (was save_final off?)")
     return cps[-1] / "policy"
 
@@ -302,8 +336,8 @@ def push_run(algo, cfg, summary, largs, api=None):
     "Upload a finished run's final model and its model card to `largs.hub_model_id` (main process only). -> upload result or None"
     if int(os.environ.get("RANK", "0") or 0) != 0: return None
     repo = largs.hub_model_id or Path(cfg.output_dir).name
-    card = model_card(repo, algo, dataclasses.asdict(cfg), (summary or {}).get("final"), getattr(cfg, "model_name_or_path", None))
-    return push_to_hub(final_model_folder(cfg.output_dir, summary), repo, card, largs.hub_private_repo, api=api)
+    card = _lazy("tracking").model_card(repo, algo, dataclasses.asdict(cfg), (summary or {}).get("final"), getattr(cfg, "model_name_or_path", None))
+    return _lazy("tracking").push_to_hub(final_model_folder(cfg.output_dir, summary), repo, card, largs.hub_private_repo, api=api)
 
 # %% ../nbs/04c_launch.ipynb #5b7d8ce1
 STAGE_INPUTS = ("model_name_or_path", "reward_model_path", "value_model_path", "value_model_name_or_path", "dataset", "eval_dataset")
@@ -326,26 +360,40 @@ def check_stage_inputs(args, fields=STAGE_INPUTS, config_dir="configs"):
     return args
 
 # %% ../nbs/04c_launch.ipynb #5fa1ca79
-def check_output_dir(path):
-    "Refuse, before any work, an output folder that cannot be one: the path or one of its parents is a file."
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "final", "checkpoint-*")
+
+def run_files(folder):
+    "The names in `folder` that a training run writes (metrics, samples, summary, checkpoints, final model), sorted."
+    p = Path(folder)
+    return sorted({q.name for pat in RUN_FILES for q in p.glob(pat)}) if p.is_dir() else []
+
+def check_output_dir(path, overwrite=False, resume=None):
+    "Refuse, before any work, an output folder that cannot be one (a file, or under one) or that holds a run, unless `overwrite` or `resume`."
     if not path: return
     p = Path(path)
     if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
     for parent in p.parents:
         if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+    if not overwrite and not resume and (held := run_files(p)):
+        raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
+                          "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")
 
+# %% ../nbs/04c_launch.ipynb #73b0cc11
 def parse_train_args(algo, argv):
     "Parse and check the options of training subcommand `algo`: -> (config, data_args, launch_args)."
     cfg_cls, data_cls, launch_cls = _arg_types(algo)
     doc = (cfg_cls.__doc__ or "").split("\n")[0]
-    cfg, data_args, largs = parse_config((cfg_cls, data_cls, launch_cls), argv, prog=f"rlhf-nb {algo}", description=doc)
+    hidden = ALGORITHMS[algo][2]
+    cfg, data_args, largs = parse_config((cfg_cls, data_cls, launch_cls), argv, prog=f"rlhf-nb {algo}", description=doc,
+                                         hidden=hidden, epilog=glossary((cfg_cls, data_cls, launch_cls), hidden))
     check_stage_inputs(cfg)
-    check_model_path(getattr(cfg, "model_name_or_path", "tiny"))
+    models = _lazy("models")
+    models.check_model_path(getattr(cfg, "model_name_or_path", "tiny"))
     for k in ("reward_model_path", "value_model_path"):
-        if getattr(cfg, k, None): check_model_path(getattr(cfg, k), k)
-    check_output_dir(getattr(cfg, "output_dir", None))
+        if getattr(cfg, k, None): models.check_model_path(getattr(cfg, k), k)
+    check_output_dir(getattr(cfg, "output_dir", None), getattr(cfg, "overwrite_output_dir", False), getattr(cfg, "resume_from_checkpoint", None))
     if algo in ("ppo", "grpo"):
-        for spec in (cfg.dataset, cfg.eval_dataset): check_dataset(spec)
+        for spec in (cfg.dataset, cfg.eval_dataset): _lazy("prep").check_dataset(spec)
     if largs.accelerate_config is None:
         given = [k for k in LAUNCH_FLAGS if getattr(largs, k) is not None]
         if given and _launched_world() == 1:
@@ -355,14 +403,37 @@ def parse_train_args(algo, argv):
 def train_main(algo, argv=None):
     "`rlhf-nb ALGO [--config F.yaml] [--key value ...]`: parse, check, train. Returns 0."
     cfg, data_args, largs = parse_train_args(algo, sys.argv[1:] if argv is None else argv)
-    summary = ALGORITHMS[algo][1](cfg, data_args)
+    summary = _resolve(ALGORITHMS[algo][1])(cfg, data_args)
     if largs.push_to_hub: push_run(algo, cfg, summary, largs)
     return 0
 
+# %% ../nbs/04c_launch.ipynb #cbdd46eb
+GRPO_HIDDEN = ("lam", "vf_coef", "critic_learning_rate", "cliprange_value", "value_model_name_or_path", "value_model_path",
+               "critic", "loss_agg_mode")
+
+GLOSSARY = {
+    "k3": "k1, k2, k3: estimates of the KL to the reference from one sampled token, d = log-ratio: k1 = d, k2 = d^2/2, "
+          "k3 = exp(-d) + d - 1 (unbiased and never negative).",
+    "whiten": "whiten: shift and scale to mean 0 and variance 1 over the batch.",
+    "GAE": "GAE: generalised advantage estimation, advantages from a critic's values discounted by gamma and lam.",
+    "LoRA": "LoRA: small low-rank adapter matrices trained in place of the full weights.",
+    "FSDP2": "FSDP2: PyTorch's fully_shard, which splits parameters, gradients and optimizer state over the processes.",
+    "DDP": "DDP: each process holds the whole model and the processes average their gradients.",
+    "verl rows": "verl rows: parquet rows with data_source, prompt (chat messages), ability, reward_model {style, "
+                 "ground_truth} and extra_info (`rlhf-nb prep` writes them).",
+}
+
+def glossary(classes, hidden=()):
+    "The `--help` epilog: a line on each GLOSSARY term that the listed options' help texts use (None if none)."
+    text = " ".join(f.metadata.get("help", "") for c in classes for f in dataclasses.fields(c) if f.name not in hidden).lower()
+    lines = [v for k, v in GLOSSARY.items() if k.lower() in text]
+    return "terms:\n" + "\n".join(f"  {l}" for l in lines) if lines else None
+
 # %% ../nbs/04c_launch.ipynb #3a115ba8
-register_algorithm("ppo", lambda: PPOConfig, run_rl, "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
-register_algorithm("grpo", lambda: GRPOConfig, run_rl, "GRPO (group-relative advantages, no critic) with the same trainer")
-register_algorithm("dpo", lambda: DPOConfig, run_dpo, "DPO on preference pairs (reference log-probs precomputed once)")
+register_algorithm("ppo", "rlhf_nb.rl_config:PPOConfig", "rlhf_nb.algos:run_rl", "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
+register_algorithm("grpo", "rlhf_nb.algos:GRPOConfig", "rlhf_nb.algos:run_rl", "GRPO (group-relative advantages, no critic) with the same trainer",
+                   hidden=GRPO_HIDDEN)
+register_algorithm("dpo", "rlhf_nb.dpo:DPOConfig", "rlhf_nb.dpo:run_dpo", "DPO on preference pairs (reference log-probs precomputed once)")
 
 # %% ../nbs/04c_launch.ipynb #8e392f47
 def _launch_flags(argv):
@@ -380,8 +451,9 @@ def _launch_flags(argv):
 def _check_trl(argv, world_size=1):
     "Parse `rlhf-nb trl NAME ARGV`'s options with TRL's parser (ppo: its TRL-name mapping), so bad input stops before a launch."
     if not argv or argv[0].startswith("-"): raise ConfigError("rlhf-nb trl: name the trainer (sft, dpo, grpo, rloo, reward, ppo) first")
-    if argv[0].lower() == "ppo": trl_ppo_config(argv[1:], world_size=world_size)
-    else: parse_trl_args(argv[0], argv[1:])
+    trl = _lazy("trl_pipelines")
+    if argv[0].lower() == "ppo": trl.trl_ppo_config(argv[1:], world_size=world_size)
+    else: trl.parse_trl_args(argv[0], argv[1:])
 
 def relaunch(name, argv, dry_run=False):
     "Check `rlhf-nb NAME ARGV` here, then run it under `accelerate launch` with its --accelerate_config. Returns the exit status."
@@ -432,35 +504,42 @@ def _single_process(name):
 
 def _parse_stage(name, args_cls, argv):
     "The options of `rlhf-nb NAME` (a `--config` YAML file, then flags) as an `args_cls` instance."
-    a = parse_config((args_cls,), sys.argv[1:] if argv is None else argv, prog=f"rlhf-nb {name}", description=args_cls.__doc__)[0]
+    a = parse_config((args_cls,), sys.argv[1:] if argv is None else argv, prog=f"rlhf-nb {name}", description=args_cls.__doc__,
+                     epilog=glossary((args_cls,)))[0]
+    check_output_dir(getattr(a, "output_dir", None), True)                    # a file in the way; each stage refuses a used folder itself
     return check_stage_inputs(a)
 
 def sft_main(argv=None):
     "`rlhf-nb sft [--config F.yaml] [--key value ...]`: fine-tune (rlhf_nb.sft.run_sft), print the result as JSON."
-    a = _parse_stage("sft", SFTArgs, argv); _single_process("sft")
-    print(json.dumps(run_sft(a))); return 0
+    sft = _lazy("sft")
+    a = _parse_stage("sft", sft.SFTArgs, argv); _single_process("sft")
+    print(json.dumps(sft.run_sft(a))); return 0
 
 def rm_main(argv=None):
     "`rlhf-nb rm [--config F.yaml] [--key value ...]`: train a reward model (rlhf_nb.reward_model.run_reward_model)."
-    a = _parse_stage("rm", RMArgs, argv); _single_process("rm")
-    print(json.dumps(run_reward_model(a))); return 0
+    rm = _lazy("reward_model")
+    a = _parse_stage("rm", rm.RMArgs, argv); _single_process("rm")
+    print(json.dumps(rm.run_reward_model(a))); return 0
 
 def eval_main(argv=None):
     "`rlhf-nb eval --model_name_or_path DIR [--dataset ...]`: greedy accuracy (rlhf_nb.sft.run_eval); samples to stderr."
-    res = run_eval(_parse_stage("eval", EvalArgs, argv))
+    sft = _lazy("sft")
+    res = sft.run_eval(_parse_stage("eval", sft.EvalArgs, argv))
     for p, r, gt, s in res["samples"][:4]: print(f"  {p[-40:]!r} -> {r[:40]!r} (truth {gt}, score {s})", file=sys.stderr)
     print(json.dumps({k: v for k, v in res.items() if k != "samples"})); return 0
 
 # %% ../nbs/04c_launch.ipynb #42fe6610
 def plot_main(argv=None):
     "`rlhf-nb plot --runs RUN [RUN ...] --output curves.png` (rlhf_nb.demo.plot_runs)."
-    a = _parse_stage("plot", PlotArgs, argv)
+    demo = _lazy("demo")
+    a = _parse_stage("plot", demo.PlotArgs, argv)
     if not a.runs: raise ConfigError("--runs needs at least one run folder (or metrics.jsonl file)")
-    print(plot_runs(a.runs, a.output)); return 0
+    print(demo.plot_runs(a.runs, a.output)); return 0
 
 def demo_main(argv=None):
     "`rlhf-nb demo [--algo grpo|ppo] [--model_name_or_path M --dataset D] [--key value ...]` (rlhf_nb.demo.run_demo)."
-    run_demo(_parse_stage("demo", DemoArgs, argv)); return 0
+    demo = _lazy("demo")
+    demo.run_demo(_parse_stage("demo", demo.DemoArgs, argv)); return 0
 
 register_subcommand("sft", sft_main, "supervised fine-tuning (completion-only loss); saves a model folder")
 register_subcommand("rm", rm_main, "train a Bradley-Terry reward model on preference pairs")
@@ -469,7 +548,7 @@ register_subcommand("plot", plot_main, "plot metrics.jsonl of one or more runs t
 register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
 
 # %% ../nbs/04c_launch.ipynb #17cbe022
-register_subcommand("trl", trl_main, "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
+register_subcommand("trl", "rlhf_nb.trl_pipelines:trl_main", "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
 
 # %% ../nbs/04c_launch.ipynb #dd301d6f
 def _first_comment(path):
@@ -501,12 +580,13 @@ def health_main(argv=None):
     ap.add_argument("run_dir", help="a run folder holding metrics.jsonl (and samples.jsonl)")
     ap.add_argument("--output_dir", default=None, help="where to write health.png/health.json (default: the run folder)")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    rep = save_health(a.run_dir, a.output_dir)
-    for line in format_warnings(rep): print(line)
+    health = _lazy("health")
+    rep = health.save_health(a.run_dir, a.output_dir)
+    for line in health.format_warnings(rep): print(line)
     print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
 
 register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
-register_subcommand("vllm-serve", serve_main, "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
+register_subcommand("vllm-serve", "rlhf_nb.rollout:serve_main", "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
 
 # %% ../nbs/04c_launch.ipynb #65552d24
 #| eval: false

@@ -20,14 +20,14 @@ from .config import ConfigError, option
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
-           'TINY_DEFAULTS', 'SHORT_ATTENTION_TOKENS', 'char_tokenizer', 'train_tokenizer', 'ensure_chat_ready',
-           'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads', 'decode_threads',
-           'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'lora_targets', 'wrap_lora',
-           'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs', 'load_options',
-           'LoraArgs', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs',
-           'checked_from_pretrained', 'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model',
-           'check_value_model', 'same_vocab', 'custom_code_folder', 'check_model_path', 'short_sequence_attention',
-           'set_attention']
+           'TINY_DEFAULTS', 'MODEL_MARKERS', 'SHORT_ATTENTION_TOKENS', 'char_tokenizer', 'train_tokenizer',
+           'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads',
+           'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'lora_targets',
+           'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs',
+           'load_options', 'LoraArgs', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes',
+           'pretrained_kwargs', 'checked_from_pretrained', 'load_tokenizer', 'load_causal_lm', 'load_config',
+           'load_value_model', 'check_value_model', 'same_vocab', 'custom_code_folder', 'check_model_path',
+           'short_sequence_attention', 'set_attention']
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -289,9 +289,9 @@ def load_options(a, revision=True):
 class LoraArgs:
     "LoRA and gradient checkpointing of the model a stage trains (`trl.ModelConfig`'s names)."
     use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
-    lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).")
-    lora_dropout: float = option(0.0, "LoRA dropout.")
+    lora_r: int = option(16, "LoRA rank.", min=1)
+    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).", gt=0)
+    lora_dropout: float = option(0.0, "LoRA dropout.", min=0, lt=1)
     lora_target_modules: Optional[list[str]] = option(["all-linear"], "Layers that get an adapter: all-linear (every linear layer but "
                                                       "the output head), or module names such as q_proj v_proj (space or comma separated).")
     gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute (turns "
@@ -464,11 +464,19 @@ def custom_code_folder(path, model=None, tokenizer=None, model_type="tinyremote"
     return path
 
 # %% ../nbs/00d_models.ipynb #3b9352f3
+MODEL_MARKERS = ("config.json", "adapter_config.json")      # a transformers model folder, or a PEFT adapter folder
+
 def check_model_path(name_or_path, what="model_name_or_path"):
-    "'tiny', an existing local folder, or something shaped like a hub name; a missing local path is an error."
+    "'tiny', a local model folder (with config.json), or something shaped like a hub name; anything else is one clear error."
     if name_or_path in (None, ""): raise ConfigError(f"--{what} is required (a saved model folder, a hub name, or 'tiny')")
     s = str(name_or_path)
-    if s == "tiny" or Path(s).expanduser().exists(): return s
+    if s == "tiny": return s
+    p = Path(s).expanduser()
+    if p.is_file(): raise ConfigError(f"--{what} {s} is a file, not a model folder (a folder with config.json, the weights and the tokenizer)")
+    if p.is_dir():
+        if not any((p / m).is_file() for m in MODEL_MARKERS):
+            raise ConfigError(f"--{what} {s} has no config.json: not a saved model folder (it needs config.json, the weights and the tokenizer)")
+        return s
     if s.startswith(("/", ".", "~")) or s.count("/") > 1 or os.sep in s and s.count("/") != 1:
         raise FileNotFoundError(f"--{what}: no such model folder {s!r}")
     return s                                                                  # a hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct

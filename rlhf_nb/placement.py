@@ -131,9 +131,9 @@ class PlacementArgs:
                                        "ActorRolloutRef. Unnamed roles join ActorRollout's pool; the reward runs in the driver unless placed.")
     ray_address: Optional[str] = option(None, "Join this Ray cluster ('auto', or head_ip:6379 after `ray start --head`); "
                                         "default: start a local cluster.")
-    ray_num_cpus: Optional[int] = option(None, "CPUs of the local Ray cluster (default: the machine's, at least one per worker).")
-    ray_cpus_per_worker: int = option(1, "CPUs (and torch threads) of each Ray worker.")
-    ray_gpus_per_worker: float = option(0.0, "GPUs of each Ray worker (1 on a GPU cluster; NCCL is then used between workers).")
+    ray_num_cpus: Optional[int] = option(None, "CPUs of the local Ray cluster (default: the machine's, at least one per worker).", min=1)
+    ray_cpus_per_worker: int = option(1, "CPUs (and torch threads) of each Ray worker.", min=1)
+    ray_gpus_per_worker: float = option(0.0, "GPUs of each Ray worker (1 on a GPU cluster; NCCL is then used between workers).", min=0)
     fsdp: str = option("auto", "placement accelerate: shard parameters, gradients and optimizer state with FSDP2 "
                        "(auto: when the accelerate config asks for FSDP).", choices=["auto", "on", "off"])
 

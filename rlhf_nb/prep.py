@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_prep.ipynb #1ec68be1
 from __future__ import annotations
-import os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
+import errno, os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
 from pathlib import Path
 import torch
 import pyarrow as pa
@@ -16,9 +16,9 @@ from .config import DataArgs                           # re-exported: `from rlhf
 
 
 # %% auto #0
-__all__ = ['PREPROCESSORS', 'register_preprocessor', 'prep_once', 'write_splits', 'hold_out', 'prep', 'config_argv', 'prep_main',
-           'load_or_prep', 'check_dataset', 'resolve_dataset', 'load_split', 'read_train_test', 'held_out_spec',
-           'parse_split', 'select_split']
+__all__ = ['PREPROCESSORS', 'FULL_DISK', 'register_preprocessor', 'prep_once', 'write_splits', 'hold_out', 'prep', 'config_argv',
+           'prep_main', 'load_or_prep', 'check_dataset', 'resolve_dataset', 'load_split', 'read_train_test',
+           'held_out_spec', 'parse_split', 'select_split']
 
 # %% ../nbs/00b_prep.ipynb #b72cd3f1
 PREPROCESSORS = {}
@@ -147,6 +147,8 @@ def config_argv(argv):
     return out + rest
 
 # %% ../nbs/00b_prep.ipynb #0ab06c50
+FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)   # a write refused for space: reported by the CLI as a full disk
+
 def prep_main(argv=None):
     "`rlhf-nb prep NAME --out DIR [--source PATH] [options]`: returns 0, or 1 with one error line on stderr."
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -164,7 +166,7 @@ def prep_main(argv=None):
             warnings.simplefilter("ignore")  # notes are printed below, once
             splits = prep_once(prep, name, out, **options)
     except (DataError, ValueError, KeyError, OSError, pa.ArrowException) as e:
-        if os.environ.get("RLHF_NB_DEBUG"): raise
+        if os.environ.get("RLHF_NB_DEBUG") or getattr(e, "errno", None) in FULL_DISK: raise   # the CLI's one DiskFull line
         msg = str(e).strip('"').splitlines()[0] if str(e) else type(e).__name__
         print(f"rlhf-nb prep: error: {msg}", file=sys.stderr)
         return 1

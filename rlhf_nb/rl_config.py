@@ -33,8 +33,8 @@ class ModelDataArgs:
                          choices=["auto", "separate", "shared", "none"])
     dataset: str = option("arith", "Training prompts: 'arith' (built-in task) or a parquet file/folder of verl rows (folder: train*.parquet, test*.parquet).")
     eval_dataset: Optional[str] = option(None, "Held-out prompts (parquet); default: the test split of `dataset`.")
-    arith_train_size: int = option(20000, "Number of training prompts generated for dataset 'arith'.")
-    eval_size: int = option(256, "Number of held-out prompts used by the periodic greedy evaluation.")
+    arith_train_size: int = option(20000, "Number of training prompts generated for dataset 'arith'.", min=1)
+    eval_size: int = option(256, "Number of held-out prompts used by the periodic greedy evaluation.", min=0)
     data_seed: int = option(0, "Seed of the built-in task's data (kept apart from `seed` so runs share one eval set).")
     output_dir: str = option("runs/ppo", "Where metrics.jsonl, checkpoints and the final model are written.")
 
@@ -42,56 +42,56 @@ class ModelDataArgs:
 @dataclass
 class BatchArgs:
     "How many episodes a step samples and how the update cuts them."
-    per_device_train_batch_size: int = option(64, "Prompts per step per process.")
-    num_generations: int = option(1, "Completions sampled per prompt (1 for PPO; >1 for group estimators such as GRPO).")
-    mini_batch_size: Optional[int] = option(None, "Episodes per optimiser step per process (default: all episodes of the step).")
-    gradient_accumulation_steps: int = option(1, "Micro-batches per mini-batch (memory knob; the update is the same).")
-    num_ppo_epochs: int = option(2, "Passes of PPO updates over each batch of episodes.")
-    max_prompt_length: int = option(256, "Prompts longer than this (in tokens) are dropped from the dataset.")
-    max_completion_length: int = option(16, "Maximum new tokens per response (also Dr. GRPO's constant loss normaliser).")
+    per_device_train_batch_size: int = option(64, "Prompts per step per process.", min=1)
+    num_generations: int = option(1, "Completions sampled per prompt (1 for PPO; >1 for group estimators such as GRPO).", min=1)
+    mini_batch_size: Optional[int] = option(None, "Episodes per optimiser step per process (default: all episodes of the step).", min=1)
+    gradient_accumulation_steps: int = option(1, "Micro-batches per mini-batch (memory knob; the update is the same).", min=1)
+    num_ppo_epochs: int = option(2, "Passes of PPO updates over each batch of episodes.", min=1)
+    max_prompt_length: int = option(256, "Prompts longer than this (in tokens) are dropped from the dataset.", min=1)
+    max_completion_length: int = option(16, "Maximum new tokens per response (also Dr. GRPO's constant loss normaliser).", min=1)
     share_prompt_prefix: bool = option(True, "Speed path, honoured by the fast trainer's workers (rlhf_nb.fast; the plain RLTrainer runs every prompt): with num_generations > 1, "
                                        "prefill and forward each prompt once per group and share its keys/values with the group's completions (same numbers, less work).")
-    temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).")
-    top_k: int = option(0, "Top-k sampling (0 = off).")
-    top_p: float = option(1.0, "Nucleus sampling (1.0 = off).")
+    temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).", gt=0)
+    top_k: int = option(0, "Top-k sampling (0 = off).", min=0)
+    top_p: float = option(1.0, "Nucleus sampling (1.0 = off).", gt=0, max=1)
 
 # %% ../nbs/01h_rl_config.ipynb #4be6ddd3
 @dataclass
 class OptimArgs(LoraArgs):
     "AdamW and its schedule (LoRA and gradient checkpointing from `rlhf_nb.models.LoraArgs`)."
-    learning_rate: float = option(3e-5, "Actor learning rate (AdamW).")
-    critic_learning_rate: Optional[float] = option(None, "Critic learning rate (default: 3 x learning_rate).")
-    weight_decay: float = option(0.0, "AdamW weight decay.")
-    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
+    learning_rate: float = option(3e-5, "Actor learning rate (AdamW).", gt=0)
+    critic_learning_rate: Optional[float] = option(None, "Critic learning rate (default: 3 x learning_rate).", gt=0)
+    weight_decay: float = option(0.0, "AdamW weight decay.", min=0)
+    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).", min=0)
     lr_scheduler_type: str = option("constant", "transformers scheduler name: constant, linear, cosine, ...")
-    warmup_steps: int = option(0, "Scheduler warm-up steps.")
+    warmup_steps: int = option(0, "Scheduler warm-up steps.", min=0)
 
 # %% ../nbs/01h_rl_config.ipynb #b011c962
 @dataclass
 class ObjectiveArgs:
     "Advantages, the clipped losses and their aggregation, and the KL to the reference."
     adv_estimator: str = option("gae", "Advantage estimator from the registry: gae (PPO), grpo, dr_grpo, rloo, reinforce_plus_plus, ...")
-    gamma: float = option(1.0, "Discount factor.")
-    lam: float = option(0.95, "GAE lambda.")
+    gamma: float = option(1.0, "Discount factor.", min=0, max=1)
+    lam: float = option(0.95, "GAE lambda.", min=0, max=1)
     whiten_advantages: bool = option(True, "Standardise advantages over the valid tokens of the batch.")
     whiten_rewards: bool = option(False, "Scale token rewards to unit variance (mean kept) before the advantages.")
     policy_loss: str = option("vanilla", "Policy loss from the registry in rlhf_nb.core: vanilla (clipped PPO surrogate), dual_clip, gspo (sequence-level ratio) or cispo (clipped weights).")
-    cliprange: float = option(0.2, "PPO ratio clip epsilon.")
-    cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).")
-    cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).")
-    clip_ratio_c: Optional[float] = option(None, "Dual-clip bound for negative advantages (e.g. 3.0; None = off).")
-    cliprange_value: float = option(0.2, "Value clip around the rollout-time values.")
-    vf_coef: float = option(0.5, "Weight of the value loss.")
+    cliprange: float = option(0.2, "PPO ratio clip epsilon.", gt=0)
+    cliprange_low: Optional[float] = option(None, "Lower ratio clip (default: cliprange).", gt=0)
+    cliprange_high: Optional[float] = option(None, "Upper ratio clip (default: cliprange; DAPO's clip-higher uses e.g. 0.28).", gt=0)
+    clip_ratio_c: Optional[float] = option(None, "Dual-clip bound for negative advantages (e.g. 3.0; None = off).", gt=1)
+    cliprange_value: float = option(0.2, "Value clip around the rollout-time values.", gt=0)
+    vf_coef: float = option(0.5, "Weight of the value loss.", min=0)
     entropy_coef: float = option(0.0, "Entropy bonus weight.")
     loss_agg_mode: str = option("token-mean", "How per-token losses become one number.", choices=list(AGG_MODES))
     missing_eos_penalty: Optional[float] = option(None, "Subtracted from the score of responses that hit the length limit without eos.")
     filter_groups: bool = option(False, "Drop groups whose completions all got the same score (no signal) before the update.")
-    kl_coef: float = option(0.05, "KL coefficient beta (reward penalty, or loss weight with use_kl_loss).")
+    kl_coef: float = option(0.05, "KL coefficient beta (reward penalty, or loss weight with use_kl_loss).", min=0)
     kl_estimator: str = option("k1", "Per-token KL estimator: k1, k2, k3 (or verl's kl, mse, low_var_kl).")
     use_kl_loss: bool = option(False, "Put the KL in the loss (GRPO) instead of in the reward (PPO).")
     adaptive_kl: bool = option(False, "Adapt kl_coef towards kl_target (Ziegler et al. 2019).")
-    kl_target: float = option(6.0, "Target KL (sum over a response) for the adaptive controller.")
-    kl_horizon: int = option(10000, "Horizon (episodes) of the adaptive KL controller.")
+    kl_target: float = option(6.0, "Target KL (sum over a response) for the adaptive controller.", gt=0)
+    kl_horizon: int = option(10000, "Horizon (episodes) of the adaptive KL controller.", min=1)
     ref_strategy: str = option("copy", "Reference policy: copy (frozen copy), peft (adapter disabled, no second copy) or none (no KL).",
                                choices=["copy", "peft", "none"])
 
@@ -99,24 +99,24 @@ class ObjectiveArgs:
 @dataclass
 class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
     "Steps, evaluation, logging and execution (checkpoints and trackers from `rlhf_nb.config`'s groups, bf16 and ddp_timeout from the engine's `AccelerateArgs`)."
-    max_steps: int = option(200, "Number of RL steps (rollout + update).")
-    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).")
-    eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).")
-    eval_batch_size: int = option(128, "Prompts per batch in the greedy evaluation.")
+    max_steps: int = option(200, "Number of RL steps (rollout + update).", min=1)
+    max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).", gt=0)
+    eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).", min=0)
+    eval_batch_size: int = option(128, "Prompts per batch in the greedy evaluation.", min=1)
     save_final: bool = option(True, "Write a checkpoint at the end of training.")
-    logging_steps: int = option(1, "Write metrics every this many steps.")
+    logging_steps: int = option(1, "Write metrics every this many steps.", min=1)
     seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
-    fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); False runs "
-                              "this notebook's plain trainer. Read by rlhf_nb.algos.rl_trainer_class, which the command line uses.")
+    fast_paths: bool = option(True, "Run with the speed paths of rlhf_nb.fast (same numbers up to float rounding); false runs "
+                              "the plain reference trainer, RLTrainer of rlhf_nb.ppo (slower, easier to read).")
     parallel_roles: str = option("auto", "Fast paths: run independent roles side by side in threads (old-policy/reference/critic "
                                  "forwards; actor and critic updates): 'auto' = on for one CPU process with >= 2 torch threads, 'on', 'off'.",
                                  choices=["auto", "on", "off"])
     rollout_threads: Optional[int] = option(None, "Fast paths: sample the rollout's rows in this many chunks side by side in "
                                             "threads, each drawing from its own random generator seeded from the run's (the same "
                                             "distribution; other draws than one batch would take). None = 2 when roles run side by "
-                                            "side and the policy's hidden size is >= 256, else 1.")
+                                            "side and the policy's hidden size is >= 256, else 1.", min=1)
     disable_tqdm: bool = option(False, "Hide the progress bar.")
-    max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.")
+    max_nan_steps: int = option(3, "A NaN/inf loss skips that optimiser step; this many such steps in a row stop the run.", min=1)
 
 # %% ../nbs/01h_rl_config.ipynb #91c8acca
 @dataclass

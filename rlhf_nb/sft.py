@@ -262,15 +262,15 @@ class SFTArgs(SupervisedArgs, CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, 
     model_name_or_path: str = option("tiny", "Model to fine-tune: a folder, a hub name, or 'tiny' (a fresh ~1M-parameter model with the character tokenizer).")
     dataset: str = option("arith", "'arith' (built-in task), a dataset name (gsm8k, ...), or a parquet file/folder of SFT rows (with `completion`).")
     output_dir: str = option("runs/sft", "Where the fine-tuned model, its tokenizer and metrics.jsonl are saved.")
-    per_device_train_batch_size: int = option(64, "Examples per optimizer step.")
-    max_steps: int = option(3000, "Maximum optimizer steps.")
-    target_accuracy: Optional[float] = option(None, "Stop once held-out greedy accuracy reaches this (rule-scored data).")
-    n_train: int = option(5000, "Training examples (arith: generated; otherwise the first n).")
-    warmup_steps: int = option(50, "Linear warm-up steps.")
+    per_device_train_batch_size: int = option(64, "Examples per optimizer step.", min=1)
+    max_steps: int = option(3000, "Maximum optimizer steps.", min=1)
+    target_accuracy: Optional[float] = option(None, "Stop once held-out greedy accuracy reaches this (rule-scored data).", min=0, max=1)
+    n_train: int = option(5000, "Training examples (arith: generated; otherwise the first n).", min=1)
+    warmup_steps: int = option(50, "Linear warm-up steps.", min=0)
     lr_scheduler_type: str = option("constant", "constant or cosine (after warm-up).")
-    max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.")
+    max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.", min=2)
     tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
-                                                  "(dialogue data); default: the character tokenizer.")
+                                                  "(dialogue data); default: the character tokenizer.", min=1)
 
 
 # %% ../nbs/01c_sft.ipynb #d50dec75
@@ -322,9 +322,9 @@ class EvalArgs(DataArgs, LoadArgs):
     model_name_or_path: Optional[str] = option(None, "The policy to evaluate: a saved folder (e.g. runs/demo/model) or a hub name. Required.")
     dataset: str = option("arith", "'arith', a dataset name (gsm8k, math), or a parquet file/folder of rule-scored rows.")
     split: str = option("test", "Which split to evaluate.")
-    eval_size: int = option(500, "Number of prompts (the first n of the split).")
-    batch_size: int = option(64, "Prompts per generation batch.")
-    max_new_tokens: Optional[int] = option(None, "Generation limit (default: from the data's completions, or 32).")
+    eval_size: int = option(500, "Number of prompts (the first n of the split).", min=1)
+    batch_size: int = option(64, "Prompts per generation batch.", min=1)
+    max_new_tokens: Optional[int] = option(None, "Generation limit (default: from the data's completions, or 32).", min=1)
     output_file: Optional[str] = option(None, "Also write the result as JSON here.")
     seed: int = option(0, "Seed of the arith task.")
 
