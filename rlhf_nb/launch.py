@@ -9,13 +9,13 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
+import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, socket, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
 from .config import ConfigError, DataArgs, find_config, option, packaged_configs, parse_config
-from .files import DiskFull, distributed_world, full_disk_errno
+from .files import DiskFull, distributed_world, full_disk_errno, LOCK_NAME, read_lock, pid_alive
 from .tracking import log_progress
 
 # %% auto #0
@@ -374,6 +374,9 @@ def check_output_dir(path, overwrite=False, resume=None):
     if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
     for parent in p.parents:
         if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+    lock = read_lock(p / LOCK_NAME) or {}
+    pid = lock.get("pid") if isinstance(lock.get("pid"), int) and lock["pid"] > 0 else None
+    if pid and lock.get("host") == socket.gethostname() and pid_alive(pid): return   # a live run's folder: its lock refuses it in one line
     if not overwrite and not resume and (held := run_files(p)):
         raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
                           "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")

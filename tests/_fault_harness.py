@@ -46,7 +46,7 @@ def wait(pid):
 def run_to_end(algo, out):
     "Restart `algo` into `out` until it finishes: from `latest` when a checkpoint exists, else from scratch; -> restarts."
     for n in range(1, 4):
-        rc = wait(start(argv(algo, out, *(["--resume_from_checkpoint", "latest"] if checkpoints(out) else []))))
+        rc = wait(start(argv(algo, out, *(["--resume_from_checkpoint", "latest"] if checkpoints(out) else ["--overwrite_output_dir", "true"]))))
         if rc == 0: return n
     raise AssertionError(f"{out}: the resumed run failed (exit status {rc})")
 

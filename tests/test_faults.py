@@ -81,7 +81,7 @@ def test_second_run_into_a_busy_folder_is_refused_and_a_dead_runs_lock_is_taken_
         f"{json.loads((out / LOCK).read_text())['started']}): wait for it to end, or choose another --output_dir"], err
     first.kill(); first.communicate()                                        # dies without releasing its lock
     assert json.loads((out / LOCK).read_text())["pid"] == first.pid
-    third = cli_proc(out, "--max_steps", 2)
+    third = cli_proc(out, "--max_steps", 2, "--overwrite_output_dir", "true")      # the dead run left its metrics behind
     _, err = third.communicate(timeout=TIMEOUT)
     assert third.returncode == 0, err[-3000:]
     assert f"--output_dir {out}: taking over the lock of run PID {first.pid}" in err and "no longer running" in err
@@ -96,7 +96,7 @@ def run_limited(argv, limit):
     return subprocess.run(argv, capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=TIMEOUT, preexec_fn=set_limit)
 
 
-@pytest.mark.parametrize("algo,where", [("grpo", "checkpoint"), ("ppo", "metrics"), ("dpo", "checkpoint"), ("grpo", "samples")])
+@pytest.mark.parametrize("algo,where", [("grpo", "checkpoint"), ("dpo", "metrics"), ("dpo", "checkpoint"), ("grpo", "samples"), ("ppo", "samples")])
 def test_disk_full_stops_with_one_line_keeps_what_was_written_and_resume_matches(algo, where, tmp_path, tmp_path_factory):
     ref, out = reference(algo, tmp_path_factory), tmp_path / "run"
     first = Run(worker(algo, out, "--save_total_limit", 100, opts=["--signal_at_log", 2, "--signal", "TERM"]), out)
