@@ -61,14 +61,14 @@ def stopped_at_2(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("where", ["metrics", "checkpoint"])
+@pytest.mark.parametrize("where", ["samples", "checkpoint"])
 def test_disk_full_on_rank_0_stops_every_rank_with_one_line(where, stopped_at_2, refs, tmp_path):
     import shutil
     out = tmp_path / "run"; shutil.copytree(stopped_at_2, out)
     before = (out / "metrics.jsonl").read_text()
-    limit = len(before.encode()) + 20 if where == "metrics" else 256 * 1024  # the step-3 row / any weights file does not fit
+    limit = len(before.encode()) + 20 if where == "samples" else 256 * 1024   # step 3's samples (written before its row) / any weights file do not fit
     r, seconds = run(argv("ddp", out, "--resume_from_checkpoint", "latest"), limit)
-    path = out / ("metrics.jsonl" if where == "metrics" else "checkpoint-4")
+    path = out / ("samples.jsonl" if where == "samples" else "checkpoint-4")
     lines = ours(r.stderr)
     assert r.returncode != 0 and seconds < BOUND, (seconds, r.stderr[-3000:])
     assert sorted(l.split("] ", 1)[0] for l in lines) == ["[rank 0", "[rank 1"], lines     # every rank says it
@@ -76,7 +76,7 @@ def test_disk_full_on_rank_0_stops_every_rank_with_one_line(where, stopped_at_2,
     assert lines[0].split("] ", 1)[1].startswith(f"rlhf-nb ppo: error: disk full writing {path} (a file reached the size limit"), lines
     assert "it needs about " in lines[0] and "what was written before it is intact" in lines[0]
     assert (out / "metrics.jsonl").read_text().startswith(before)
-    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == ([1, 2] if where == "metrics" else [1, 2, 3, 4])
+    assert [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()] == ([1, 2] if where == "samples" else [1, 2, 3, 4])
     assert sorted(p.name for p in out.glob("*checkpoint-*")) == ["checkpoint-2"] and not (out / LOCK).exists()
     r, _ = run(argv("ddp", out, "--resume_from_checkpoint", "latest"))                # space freed
     assert r.returncode == 0, r.stderr[-3000:]
