@@ -11,7 +11,8 @@ from typing import Optional
 import torch
 from fastcore.basics import patch
 from transformers.utils import get_json_schema
-from .config import ConfigError, option
+from .config import ConfigError
+from .options import AgentArgs                       # declared without torch; importable from here too
 from .arith import make_calc
 from .models import char_tokenizer, tiny_causal_lm
 from .files import expand_cache, save_atomic, write_json_atomic
@@ -24,7 +25,7 @@ __all__ = ['ENV_METHODS', 'TOOL_CALL_PARSERS', 'CHATML_TEMPLATE', 'ENVIRONMENTS'
            'environment_tools', 'register_tool_call_parser', 'get_tool_call_parser', 'parse_hermes', 'call_tool',
            'TemplateError', 'render_ids', 'env_turn_ids', 'grown_ids', 'check_template', 'roundtrip_mismatch',
            'Trajectory', 'AgentLoop', 'trajectories_to_batch', 'tool_metrics', 'safe_eval', 'format_number',
-           'CalculatorEnv', 'calc_call', 'calc_demo', 'demo_sft', 'calc_warm_start', 'AgentArgs', 'import_object',
+           'CalculatorEnv', 'calc_call', 'calc_demo', 'demo_sft', 'calc_warm_start', 'import_object',
            'environment_factory', 'check_agent_args', 'make_agent_loop', 'attach_agent', 'agent_warm_start',
            'agent_answers']
 
@@ -390,22 +391,6 @@ def calc_warm_start(output_dir, n_demos=48, steps=225, seed=0, use_tool=True, le
     return str(save_atomic(out, write))
 
 # %% ../nbs/01ft_agents.ipynb #948c56fe
-@dataclass
-class AgentArgs:
-    "Multi-turn tool use: an environment and/or tools, how calls are parsed, and the limits (TRL's names where it has them)."
-    environment: Optional[str] = option(None, "Environment for tool use: 'calculator' (built in) or 'package.module:Class' (TRL's environment_factory: reset() and tools as methods).")
-    tools: Optional[list[str]] = option(None, "Tool functions as 'package.module:function' (type hints and a docstring give each its schema).")
-    tool_call_parser: str = option("hermes", "How the model writes tool calls: hermes (<tool_call>{json}</tool_call>).")
-    max_tool_calling_iterations: Optional[int] = option(None, "Most rounds of tool calls in one episode; unset: until max_completion_length is used up.")
-    max_tool_response_length: int = option(64, "A tool's answer is cut to this many tokens.")
-    tool_timeout: float = option(10.0, "Seconds a tool call may take before it fails (the model is told).")
-    warm_start_demos: int = option(48, "With model 'tiny', warm_start_dir and environment 'calculator': demonstrations the supervised warm start learns from.")
-    warm_start_steps: int = option(225, "Supervised steps (16 demonstrations each) of that warm start.")
-
-    def __post_init__(self):
-        getattr(super(), "__post_init__", lambda: None)()
-        check_agent_args(self)
-
 def import_object(spec, what):
     "The object at 'package.module:name'; ConfigError names `what` and the spec when it cannot be imported."
     mod, _, name = str(spec).partition(":")

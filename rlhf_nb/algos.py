@@ -5,49 +5,18 @@
 # %% ../nbs/02b_grpo.ipynb #fcb62023
 from __future__ import annotations
 import dataclasses, json, time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 import torch
-from .config import option
-from .core import informative_groups, GRPO_LOSS_TYPES, LOSS_TYPE_TO_AGG_MODE
+from .core import informative_groups
 from .prep import resolve_dataset, DataArgs
 from .files import write_json_atomic
 from .dist import gather_checksums, peak_memory
-from .rl_config import PPOConfig
+from .rl_config import PPOConfig, GRPOConfig          # GRPOConfig is declared without torch; importable from here too
 from .ppo import RLTrainer
 from .fast import FastRLTrainer
 
 # %% auto #0
-__all__ = ['GRPOConfig', 'rl_trainer_class', 'run_grpo', 'run_rl']
-
-# %% ../nbs/02b_grpo.ipynb #92499108
-@dataclass
-class GRPOConfig(PPOConfig):
-    "`PPOConfig` with GRPO's defaults: group advantages, no critic, k3 KL in the loss, zero-signal groups dropped."
-    output_dir: str = option("runs/grpo", "Where metrics.jsonl, checkpoints and the final model are written.")
-    adv_estimator: str = option("grpo", "Critic-free estimator from the registry: grpo, dr_grpo, rloo, reinforce_plus_plus(_baseline).")
-    num_generations: int = option(8, "Completions sampled per prompt (the group).", min=1)
-    per_device_train_batch_size: int = option(16, "Prompts per step per process (each sampled num_generations times).", min=1)
-    num_ppo_epochs: int = option(1, "Updates per batch of rollouts (1 = strictly on-policy).", min=1)
-    learning_rate: float = option(3e-4, "Actor learning rate (AdamW); large because the tiny default model has 1M parameters (1e-3 collapses it).", gt=0)
-    whiten_advantages: bool = option(False, "Whiten advantages over the batch (GRPO normalises inside each group instead).")
-    use_kl_loss: bool = option(True, "KL to the reference in the loss (GRPO) rather than in the reward.")
-    kl_estimator: str = option("k3", "Per-token KL estimator in the loss: k3 is unbiased and never negative.")
-    kl_coef: float = option(0.01, "beta: weight of the KL loss (0 with ref_strategy='none' removes the reference).", min=0)
-    beta: Optional[float] = option(None, "TRL's name for kl_coef; when set it overrides kl_coef.", min=0)
-    loss_type: str = option("dapo", "Token-loss aggregation as in TRL: grpo, bnpo, dr_grpo or dapo (sets loss_agg_mode).")
-    filter_groups: bool = option(True, "Drop groups whose completions all got the same score (zero advantage) before the update.")
-    warm_start_dir: Optional[str] = option(None, "With model 'tiny': supervised warm start on the arithmetic task first, saved here and reused.")
-
-    def __post_init__(self):
-        if self.beta is not None: self.kl_coef = self.beta
-        if self.loss_type not in GRPO_LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {self.loss_type!r}")
-        self.loss_agg_mode = LOSS_TYPE_TO_AGG_MODE[self.loss_type]
-        if self.adv_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.num_generations < 2:
-            raise ValueError(f"adv_estimator {self.adv_estimator!r} compares completions of one prompt: num_generations must be >= 2")
-        super().__post_init__()
+__all__ = ['rl_trainer_class', 'run_grpo', 'run_rl']
 
 # %% ../nbs/02b_grpo.ipynb #dff57850
 def rl_trainer_class(cfg):

@@ -5,21 +5,20 @@
 # %% ../nbs/01fs_async.ipynb #190ae841
 from __future__ import annotations
 import copy, threading, time, warnings
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional
 import torch
-from .config import ConfigError, option
+from .config import ConfigError
+from .options import ASYNC_PLACEMENTS, AsyncArgs  # declared without torch; importable from here too
 from .core import OFF_POLICY_OBJECTIVES, get_is_correction, no_is_correction
 from .models import is_peft_model
 from .rollout import HFEngine, SamplingParams, RolloutEngineError, checkpoint_weights
 from .workers import Role
 
 # %% auto #0
-__all__ = ['ASYNC_PLACEMENTS', 'IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'AsyncArgs',
-           'check_async_args', 'sampler_copy', 'published_weights', 'batch_params', 'needs_sampler_logprobs',
-           'check_batch_logprobs', 'colocated_producer', 'staleness_metrics', 'in_flight_state', 'start_producer',
-           'policy_state', 'load_on_host', 'sample_on_host', 'shard_batches']
+__all__ = ['IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'check_async_args', 'sampler_copy',
+           'published_weights', 'batch_params', 'needs_sampler_logprobs', 'check_batch_logprobs', 'colocated_producer',
+           'staleness_metrics', 'in_flight_state', 'start_producer', 'policy_state', 'load_on_host', 'sample_on_host',
+           'shard_batches']
 
 # %% ../nbs/01fs_async.ipynb #29738a56
 def sampling_version(step, max_staleness):
@@ -107,23 +106,6 @@ def _stop(self):
     if self.thread is not None: self.thread.join()
 RolloutProducer.publish, RolloutProducer.publish_timed, RolloutProducer._wait_for, RolloutProducer.take = _publish, _publish_timed, _wait_for, _take
 RolloutProducer.in_flight, RolloutProducer.stop = _in_flight, _stop
-
-# %% ../nbs/01fs_async.ipynb #199920e5
-ASYNC_PLACEMENTS = ("colocate", "ray")
-
-@dataclass
-class AsyncArgs:
-    "Asynchronous training: how far the sampler may run behind the trainer, and the loss on its stale samples."
-    max_staleness: int = option(0, "Weight versions the sampler may run behind the trainer: 0 = synchronous (the batch of a step is sampled "
-                                "with its weights); 1 = one-step-off (step k+1's batch samples while step k trains); k = up to k behind. "
-                                "Runs with placement colocate (a sampler thread) or ray (a Rollout pool).")
-    off_policy_objective: Optional[str] = option(None, "Loss on stale samples: decoupled (clip against the trainer's recomputed log-probs, "
-                                                 "each token weighted by importance_sampling_mode) or bypass (clip against the sampler's "
-                                                 "log-probs, no weight); default bypass when max_staleness >= 1, else decoupled.")
-
-    def __post_init__(self):
-        getattr(super(), "__post_init__", lambda: None)()
-        check_async_args(self)
 
 # %% ../nbs/01fs_async.ipynb #28944c91
 def check_async_args(a, world=1):

@@ -13,8 +13,8 @@ import yaml
 # %% auto #0
 __all__ = ['RANGE_KEYS', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments',
            'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs',
-           'packaged_configs', 'find_config', 'parse_config', 'CheckpointArgs', 'TrackingArgs', 'DataArgs',
-           'SupervisedArgs', 'option_declarations', 'repeated_options']
+           'packaged_configs', 'find_config', 'parse_config', 'OverwriteArgs', 'CheckpointArgs', 'TrackingArgs',
+           'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options']
 
 # %% ../nbs/00_config.ipynb #8616afec
 RANGE_KEYS = ("min", "max", "gt", "lt")
@@ -214,14 +214,18 @@ def parse_config(dataclass_types, argv=None, prog="rlhf-nb", description=None, h
 
 # %% ../nbs/00_config.ipynb #a0907010
 @dataclass
-class CheckpointArgs:
+class OverwriteArgs:
+    "Whether a command may replace the previous run kept in its output_dir."
+    overwrite_output_dir: bool = option(False, "Replace what a previous run wrote in output_dir (metrics, checkpoints, model); "
+                                        "without it a non-empty output_dir is refused (or give resume_from_checkpoint).")
+
+@dataclass
+class CheckpointArgs(OverwriteArgs):
     "The checkpoints of a run: how often `output_dir/checkpoint-N` is written, how many are kept, where to resume from."
     save_steps: int = option(0, "Write output_dir/checkpoint-N every this many steps (0 = none on a schedule; a run stopped by "
                              "SIGTERM/SIGINT still writes one to resume from).", min=0)
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints, the oldest deleted first (None or 0 = keep all).", min=0)
     resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder this command wrote, or 'latest' (the newest complete one in output_dir).")
-    overwrite_output_dir: bool = option(False, "Replace what a previous run wrote in output_dir (metrics, checkpoints, model); "
-                                        "without it a non-empty output_dir is refused (or give resume_from_checkpoint).")
 
     def __post_init__(self):
         if self.save_steps < 0: raise ValueError(f"save_steps must be >= 0 (0 = no checkpoints on a schedule), got {self.save_steps}")

@@ -17,10 +17,11 @@ __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'L
            'get_adv_estimator', 'estimator_needs_critic', 'gae_advantages', 'group_advantages', 'grpo_advantage',
            'dr_grpo_advantage', 'rloo_advantage', 'discounted_returns', 'reinforce_pp_advantage',
            'reinforce_pp_baseline_advantage', 'register_policy_loss', 'get_policy_loss', 'dual_clip_policy_loss',
-           'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss', 'aggregate_loss', 'grpo_policy_loss',
-           'informative_groups', 'eos_response_mask', 'forward_attention_mask', 'register_is_correction',
-           'get_is_correction', 'no_is_correction', 'token_truncate_is', 'token_mask_is', 'sequence_truncate_is',
-           'sequence_mask_is', 'sampling_metrics', 'three_policy_inputs', 'importance_sampling_policy_loss']
+           'gspo_policy_loss', 'cispo_policy_loss', 'actor_loss', 'loss_type_agg_mode', 'aggregate_loss',
+           'grpo_policy_loss', 'informative_groups', 'eos_response_mask', 'forward_attention_mask',
+           'register_is_correction', 'get_is_correction', 'no_is_correction', 'token_truncate_is', 'token_mask_is',
+           'sequence_truncate_is', 'sequence_mask_is', 'sampling_metrics', 'three_policy_inputs',
+           'importance_sampling_policy_loss', 'check_objective_names']
 
 # %% ../nbs/01a_core.ipynb #f534922c
 def _float32(logits):
@@ -360,10 +361,14 @@ GRPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 LOSS_TYPE_TO_AGG_MODE = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dr_grpo": "seq-mean-token-sum-norm",
                          "dapo": "token-mean"}
 
+def loss_type_agg_mode(loss_type):
+    "The `agg_loss` mode of TRL's GRPO `loss_type`; ValueError naming the known ones."
+    if loss_type not in GRPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {loss_type!r}")
+    return LOSS_TYPE_TO_AGG_MODE[loss_type]
+
 def aggregate_loss(per_token_loss, mask, loss_type="dapo", max_completion_length=None, num_items_in_batch=None):
     "Reduce a per-token loss to a scalar as TRL's `loss_type` does, through `agg_loss`. [B,T], [B,T] -> []"
-    if loss_type not in GRPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(GRPO_LOSS_TYPES)}, not {loss_type!r}")
-    loss = agg_loss(per_token_loss, mask, LOSS_TYPE_TO_AGG_MODE[loss_type], norm_const=max_completion_length)
+    loss = agg_loss(per_token_loss, mask, loss_type_agg_mode(loss_type), norm_const=max_completion_length)
     if loss_type == "dapo" and num_items_in_batch is not None:              # tokens in the whole (accumulated) batch
         loss = loss * mask.to(loss.dtype).sum() / torch.as_tensor(num_items_in_batch, dtype=loss.dtype).clamp(min=1.0)
     return loss
@@ -503,3 +508,11 @@ def importance_sampling_policy_loss(old_logprob, logprob, advantages, response_m
     log_ratio = (logprob - old_logprob).clamp(-20.0, 20.0)
     stats = {"pg_clipfrac": torch.zeros((), dtype=logprob.dtype), "ppo_kl": masked_mean(0.5 * log_ratio.detach() ** 2, mask)}
     return agg_loss(-advantages * torch.exp(log_ratio), mask, loss_agg_mode, norm_const), stats
+
+# %% ../nbs/01a_core.ipynb #9286ea4c
+def check_objective_names(cfg):
+    "Refuse a config whose `loss_agg_mode`, `kl_estimator` or `policy_loss` this module does not know; -> cfg."
+    if cfg.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {', '.join(AGG_MODES)}, not {cfg.loss_agg_mode!r}")
+    kl_penalty(torch.zeros(1), torch.zeros(1), cfg.kl_estimator)             # an unknown estimator raises, naming the known ones
+    get_policy_loss(cfg.policy_loss)
+    return cfg

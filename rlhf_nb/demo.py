@@ -9,16 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 import torch
-from .config import ConfigError, option, parse_config, DataArgs
+from .config import ConfigError, option, parse_config, DataArgs, OverwriteArgs
 from .arith import make_arith
 from .prep import resolve_dataset
 from .models import char_tokenizer, check_model_path, tiny_causal_lm
 from .sft import SFT_INFO, greedy_accuracy, sft_warm_start
-from .files import save_atomic, write_json_atomic
+from .files import check_output_dir, clear_run_files, save_atomic, write_json_atomic
 from .tracking import DEFAULT_PANELS, panel_title, plot_metrics, read_metrics, tidy_axes
 from .dist import ensure_cpu_distributed, peak_memory, process_state
-from .rl_config import PPOConfig
-from .algos import GRPOConfig, rl_trainer_class
+from .rl_config import PPOConfig, GRPOConfig
+from .algos import rl_trainer_class
 
 # %% auto #0
 __all__ = ['DEMO_PRESETS', 'DPO_PANELS', 'DemoArgs', 'demo_rl_config', 'rl_seconds', 'running_mean', 'save_figure', 'plot_demo',
@@ -36,7 +36,7 @@ DEMO_PRESETS = {   # (model kind, algorithm) -> the values that differ from GRPO
 
 # %% ../nbs/04a_demo.ipynb #33281fa4
 @dataclass
-class DemoArgs(DataArgs):
+class DemoArgs(OverwriteArgs, DataArgs):
     "The whole pipeline in one command: tiny model -> SFT to a threshold -> GRPO (or PPO) -> evaluation, curves, summary."
     algo: str = option("grpo", "RL algorithm after SFT.", choices=["grpo", "ppo"])
     model_name_or_path: str = option("tiny", "'tiny' (built here, SFT first) or a chat model (folder or hub name, e.g. Qwen/Qwen2.5-0.5B-Instruct; no SFT).")
@@ -199,8 +199,7 @@ def demo_report(s):
 def _check_demo_args(a):
     "Refuse, before any work, options that cannot make a demo."
     check_model_path(a.model_name_or_path)
-    out = Path(a.output_dir)
-    if out.exists() and not out.is_dir(): raise FileExistsError(f"--output_dir {out} exists and is not a folder")
+    check_output_dir(a.output_dir, a.overwrite_output_dir)                  # a file in the way, or a previous run kept
     if a.model_name_or_path == "tiny" and a.dataset != "arith":
         raise ConfigError("the tiny model is SFT-trained on the built-in task: use --dataset arith with it")
     if a.algo not in ("grpo", "ppo"): raise ConfigError(f"--algo must be grpo or ppo, not {a.algo!r}")
@@ -208,6 +207,7 @@ def _check_demo_args(a):
 def run_demo(a, sft_kw=None):
     "Run the demo described by `a` (DemoArgs); returns the summary dict (also written to output_dir/summary.json)."
     _check_demo_args(a)
+    if a.overwrite_output_dir and int(os.environ.get("RANK", "0") or 0) == 0: clear_run_files(a.output_dir)
     ensure_cpu_distributed()
     threads, load = torch.get_num_threads(), os.getloadavg()[0]
     if a.threads or load >= (os.cpu_count() or 1): torch.set_num_threads(a.threads or 1)

@@ -5,18 +5,17 @@
 # %% ../nbs/00h_dist.ipynb #da32bd4a
 from __future__ import annotations
 import atexit, contextlib, hashlib, os, resource, signal, socket, sys, threading, time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 import torch
 from fastcore.basics import patch
-from .config import option
+from .options import AccelerateArgs, check_accelerate_args  # declared without torch; importable from here too
 from .files import LOCK_NAME, pid_alive, read_lock, write_json_atomic
 
 # %% auto #0
-__all__ = ['accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'AccelerateArgs', 'check_accelerate_args',
-           'make_accelerator', 'merge_rank_metrics', 'param_checksum', 'gather_checksums', 'peak_memory', 'Interrupted',
-           'StopSignals', 'RankLost', 'note_rank_pids', 'rank_lost', 'end_distributed', 'exit_process']
+__all__ = ['accelerate_cpu', 'ensure_cpu_distributed', 'process_state', 'make_accelerator', 'merge_rank_metrics',
+           'param_checksum', 'gather_checksums', 'peak_memory', 'Interrupted', 'StopSignals', 'RankLost',
+           'note_rank_pids', 'rank_lost', 'end_distributed', 'exit_process']
 
 # %% ../nbs/00h_dist.ipynb #c530f1a1
 def _cpu_flag(environ): return environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on")
@@ -39,19 +38,6 @@ def process_state():
     return PartialState(cpu=accelerate_cpu())
 
 # %% ../nbs/00h_dist.ipynb #dd6a98c6
-@dataclass
-class AccelerateArgs:
-    "Precision and process-group options of every trainer that runs under accelerate."
-    bf16: bool = option(False, "bfloat16 mixed precision: the forwards run under autocast, the weights and the optimizer "
-                        "stay float32 (GPU, or a CPU with bf16 matmuls).")
-    ddp_timeout: int = option(1800, "Seconds a collective of a multi-process run waits for a rank that stopped answering "
-                              "before the run stops (the process group's timeout; TRL's name). It must exceed the longest "
-                              "stretch one rank works alone: an evaluation, a checkpoint write.", min=1)
-
-def check_accelerate_args(args):
-    "Refuse an `AccelerateArgs` that cannot run (a `ddp_timeout` below one second) with one line."
-    if args.ddp_timeout < 1: raise ValueError(f"ddp_timeout must be >= 1 second, got {args.ddp_timeout}")
-
 def make_accelerator(args):
     "The `Accelerator` of a run with `AccelerateArgs` `args`: bf16 autocast or none, the process group's timeout."
     from accelerate import Accelerator

@@ -19,9 +19,10 @@ from .prep import read_train_test
 from .files import save_atomic, write_json_atomic
 from .tracking import RunLog
 from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
-from .dist import AccelerateArgs, check_accelerate_args, make_accelerator, process_state, gather_checksums, peak_memory
+from .options import AccelerateArgs, LoadArgs, LoraArgs, check_accelerate_args
+from .dist import make_accelerator, process_state, gather_checksums, peak_memory
 from .engine import RunGuard, RunLoop, NanGuard, TimeBudget, make_adamw
-from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, LoadArgs, LoraArgs, wrap_lora, enable_gradient_checkpointing
+from .models import ensure_chat_ready, is_peft_model, load_causal_lm, load_kwargs, load_tokenizer, wrap_lora, enable_gradient_checkpointing
 from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start

@@ -6,13 +6,14 @@
 from __future__ import annotations
 import contextlib, errno, json, os, resource, shutil, socket, tempfile, time, warnings
 from pathlib import Path
+from .config import ConfigError
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'CACHE_ENV', 'write_json_atomic', 'full_disk_errno', 'human_bytes',
-           'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line', 'distributed_world',
-           'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir', 'save_model_folder',
-           'OutputDirBusy', 'pid_alive', 'read_lock', 'lock_output_dir', 'unlock_output_dir', 'cache_dir',
-           'expand_cache']
+__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'RUN_FILES', 'CACHE_ENV', 'write_json_atomic', 'full_disk_errno',
+           'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
+           'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir',
+           'save_model_folder', 'OutputDirBusy', 'pid_alive', 'read_lock', 'lock_output_dir', 'unlock_output_dir',
+           'held_by_live_run', 'run_files', 'check_output_dir', 'clear_run_files', 'cache_dir', 'expand_cache']
 
 # %% ../nbs/00e_files.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -210,6 +211,40 @@ def unlock_output_dir(output_dir):
     "Remove `output_dir`'s lock if this process holds it."
     lock, held = Path(output_dir) / LOCK_NAME, read_lock(Path(output_dir) / LOCK_NAME)
     if held and held.get("pid") == os.getpid(): lock.unlink(missing_ok=True)
+
+# %% ../nbs/00e_files.ipynb #af23b49f
+RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "final", "checkpoint-*")
+
+def held_by_live_run(folder):
+    "True when `folder`'s lock names a process of this machine that is still running."
+    lock = read_lock(Path(folder) / LOCK_NAME) or {}
+    pid = lock.get("pid") if isinstance(lock.get("pid"), int) and lock["pid"] > 0 else None
+    return bool(pid and lock.get("host") == socket.gethostname() and pid_alive(pid))
+
+def run_files(folder):
+    "The names in `folder` that a training run writes (metrics, samples, summary, checkpoints, final model), sorted."
+    p = Path(folder)
+    return sorted({q.name for pat in RUN_FILES for q in p.glob(pat)}) if p.is_dir() else []
+
+def check_output_dir(path, overwrite=False, resume=None):
+    "Refuse, before any work, an output folder that cannot be one (a file, or under one) or that holds a run, unless `overwrite` or `resume`."
+    if not path: return
+    p = Path(path)
+    if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
+    for parent in p.parents:
+        if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+    if held_by_live_run(p): return                                          # its lock refuses the new run in one line
+    if not overwrite and not resume and (held := run_files(p)):
+        raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
+                          "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")
+
+def clear_run_files(folder):
+    "Delete what a previous run wrote in `folder` (RUN_FILES: metrics, samples, summary, final model, checkpoints); -> the names removed."
+    p = Path(folder); held = [] if held_by_live_run(p) else run_files(p)
+    for name in held:
+        q = p / name
+        shutil.rmtree(q) if q.is_dir() and not q.is_symlink() else q.unlink()
+    return held
 
 # %% ../nbs/00e_files.ipynb #6ce81dbe
 CACHE_ENV = "RLHF_NB_CACHE"

@@ -9,22 +9,22 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, socket, subprocess, tempfile, textwrap, typing
+import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
 from .config import ConfigError, DataArgs, find_config, option, packaged_configs, parse_config
-from .files import DiskFull, distributed_world, full_disk_errno, LOCK_NAME, read_lock, pid_alive
+from .files import DiskFull, distributed_world, full_disk_errno, check_output_dir, clear_run_files
 from .tracking import log_progress
 
 # %% auto #0
-__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERROR_NAMES', 'ALGORITHMS', 'STAGE_INPUTS', 'RUN_FILES',
+__all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERROR_NAMES', 'ALGORITHMS', 'STAGE_INPUTS',
            'GRPO_HIDDEN', 'GLOSSARY', 'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config',
            'launch_command', 'launch_env', 'register_subcommand', 'disk_full_error', 'main', 'LaunchArgs',
-           'register_algorithm', 'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs', 'run_files',
-           'check_output_dir', 'parse_train_args', 'train_main', 'glossary', 'relaunch', 'launch_status',
-           'run_launcher', 'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
+           'register_algorithm', 'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs',
+           'parse_train_args', 'train_main', 'glossary', 'relaunch', 'launch_status', 'run_launcher', 'sft_main',
+           'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
 
 # %% ../nbs/04c_launch.ipynb #82a0b759
 def _lazy(module):
@@ -359,28 +359,6 @@ def check_stage_inputs(args, fields=STAGE_INPUTS, config_dir="configs"):
             raise ConfigError(f"--{k} {v} does not exist yet: run `{cmd}` first")
     return args
 
-# %% ../nbs/04c_launch.ipynb #5fa1ca79
-RUN_FILES = ("metrics.jsonl", "samples.jsonl", "summary.json", "final", "checkpoint-*")
-
-def run_files(folder):
-    "The names in `folder` that a training run writes (metrics, samples, summary, checkpoints, final model), sorted."
-    p = Path(folder)
-    return sorted({q.name for pat in RUN_FILES for q in p.glob(pat)}) if p.is_dir() else []
-
-def check_output_dir(path, overwrite=False, resume=None):
-    "Refuse, before any work, an output folder that cannot be one (a file, or under one) or that holds a run, unless `overwrite` or `resume`."
-    if not path: return
-    p = Path(path)
-    if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
-    for parent in p.parents:
-        if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
-    lock = read_lock(p / LOCK_NAME) or {}
-    pid = lock.get("pid") if isinstance(lock.get("pid"), int) and lock["pid"] > 0 else None
-    if pid and lock.get("host") == socket.gethostname() and pid_alive(pid): return   # a live run's folder: its lock refuses it in one line
-    if not overwrite and not resume and (held := run_files(p)):
-        raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
-                          "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")
-
 # %% ../nbs/04c_launch.ipynb #73b0cc11
 def parse_train_args(algo, argv):
     "Parse and check the options of training subcommand `algo`: -> (config, data_args, launch_args)."
@@ -406,6 +384,8 @@ def parse_train_args(algo, argv):
 def train_main(algo, argv=None):
     "`rlhf-nb ALGO [--config F.yaml] [--key value ...]`: parse, check, train. Returns 0."
     cfg, data_args, largs = parse_train_args(algo, sys.argv[1:] if argv is None else argv)
+    if getattr(cfg, "overwrite_output_dir", False) and not getattr(cfg, "resume_from_checkpoint", None) and int(os.environ.get("RANK", "0") or 0) == 0 and (gone := clear_run_files(cfg.output_dir)):
+        print(f"rlhf-nb {algo}: --overwrite_output_dir: removed the previous run's {', '.join(gone)} from {cfg.output_dir}", file=sys.stderr)
     summary = _resolve(ALGORITHMS[algo][1])(cfg, data_args)
     if largs.push_to_hub: push_run(algo, cfg, summary, largs)
     return 0
@@ -434,7 +414,7 @@ def glossary(classes, hidden=()):
 
 # %% ../nbs/04c_launch.ipynb #3a115ba8
 register_algorithm("ppo", "rlhf_nb.rl_config:PPOConfig", "rlhf_nb.algos:run_rl", "PPO (GAE, critic, KL in the reward) with rlhf-nb's RL trainer")
-register_algorithm("grpo", "rlhf_nb.algos:GRPOConfig", "rlhf_nb.algos:run_rl", "GRPO (group-relative advantages, no critic) with the same trainer",
+register_algorithm("grpo", "rlhf_nb.rl_config:GRPOConfig", "rlhf_nb.algos:run_rl", "GRPO (group-relative advantages, no critic) with the same trainer",
                    hidden=GRPO_HIDDEN)
 register_algorithm("dpo", "rlhf_nb.dpo:DPOConfig", "rlhf_nb.dpo:run_dpo", "DPO on preference pairs (reference log-probs precomputed once)")
 

@@ -13,21 +13,19 @@ from tokenizers import Tokenizer, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import models as tk_models
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                           PreTrainedModel, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)
-from dataclasses import dataclass
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-from typing import Optional
-from .config import ConfigError, option
+from .config import ConfigError
+from .options import LoadArgs, LoraArgs, PeftArgs              # declared without torch; importable from here too
 
 # %% auto #0
 __all__ = ['PAD_TOKEN', 'UNK_TOKEN', 'END_TOKEN', 'ROLES', 'SPECIAL_TOKENS', 'DEFAULT_CHAT_TEMPLATE', 'QWEN2_SPLIT_REGEX',
            'TINY_DEFAULTS', 'MODEL_MARKERS', 'SHORT_ATTENTION_TOKENS', 'char_tokenizer', 'train_tokenizer',
            'ensure_chat_ready', 'tiny_config', 'count_parameters', 'tiny_causal_lm', 'intra_op_threads',
            'decode_threads', 'tiny_value_model', 'value_model_from_policy', 'disable_dropout', 'lora_targets',
-           'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'LoadArgs',
-           'load_options', 'LoraArgs', 'PeftArgs', 'load_kwargs', 'prepare_for_training', 'param_bytes',
-           'pretrained_kwargs', 'checked_from_pretrained', 'load_tokenizer', 'load_causal_lm', 'load_config',
-           'load_value_model', 'check_value_model', 'same_vocab', 'custom_code_folder', 'check_model_path',
-           'short_sequence_attention', 'set_attention']
+           'wrap_lora', 'is_peft_model', 'enable_gradient_checkpointing', 'quantization_config', 'load_options',
+           'load_kwargs', 'prepare_for_training', 'param_bytes', 'pretrained_kwargs', 'checked_from_pretrained',
+           'load_tokenizer', 'load_causal_lm', 'load_config', 'load_value_model', 'check_value_model', 'same_vocab',
+           'custom_code_folder', 'check_model_path', 'short_sequence_attention', 'set_attention']
 
 # %% ../nbs/00d_models.ipynb #fb932edc
 PAD_TOKEN, UNK_TOKEN, END_TOKEN = "<|pad|>", "<|unk|>", "<|end|>"
@@ -269,14 +267,6 @@ def quantization_config(load_in_4bit=False, load_in_8bit=False, bnb_4bit_quant_t
                               bnb_4bit_compute_dtype=_dtype(bnb_4bit_compute_dtype), bnb_4bit_use_double_quant=bnb_4bit_use_double_quant)
 
 # %% ../nbs/00d_models.ipynb #8a299ebc
-@dataclass
-class LoadArgs:
-    "How a model is read from a folder or the hub, under `trl.ModelConfig`'s option names."
-    trust_remote_code: bool = option(False, "Run the Python a model folder or hub repo ships for its architecture (auto_map in config.json); off: that code runs on this machine.")
-    model_revision: str = option("main", "Hub branch, tag or commit of model_name_or_path (hub names only: a local folder has no revisions).")
-    attn_implementation: Optional[str] = option(None, "Attention kernel: eager, sdpa, flash_attention_2, ... (default: transformers' choice).")
-    torch_dtype: Optional[str] = option(None, "dtype the weights are loaded in: float32, bfloat16, float16, or auto (the checkpoint's own); default float32.")
-
 def load_options(a, revision=True):
     "The loader keyword arguments (trust_remote_code, attn_implementation, dtype, revision) that config `a` carries."
     kw = {"trust_remote_code": bool(getattr(a, "trust_remote_code", False)), "attn_implementation": getattr(a, "attn_implementation", None),
@@ -285,27 +275,6 @@ def load_options(a, revision=True):
     return kw
 
 # %% ../nbs/00d_models.ipynb #814dd03d
-@dataclass
-class LoraArgs:
-    "LoRA and gradient checkpointing of the model a stage trains (`trl.ModelConfig`'s names)."
-    use_peft: bool = option(False, "Train a LoRA adapter instead of all weights.")
-    lora_r: int = option(16, "LoRA rank.", min=1)
-    lora_alpha: int = option(32, "LoRA alpha (the adapter's output is scaled by lora_alpha / lora_r).", gt=0)
-    lora_dropout: float = option(0.0, "LoRA dropout.", min=0, lt=1)
-    lora_target_modules: Optional[list[str]] = option(["all-linear"], "Layers that get an adapter: all-linear (every linear layer but "
-                                                      "the output head), or module names such as q_proj v_proj (space or comma separated).")
-    gradient_checkpointing: bool = option(False, "Recompute activations in the backward pass: less memory, more compute (turns "
-                                          "share_prompt_prefix off where a trainer has it: sharing needs the KV cache in training).")
-
-@dataclass
-class PeftArgs(LoraArgs):
-    "`LoraArgs` plus 4/8-bit loading of the model a stage trains (QLoRA)."
-    load_in_4bit: bool = option(False, "Load the base in 4 bits with bitsandbytes (QLoRA; GPU only, needs use_peft).")
-    load_in_8bit: bool = option(False, "Load the base in 8 bits with bitsandbytes (GPU only, needs use_peft).")
-    bnb_4bit_quant_type: str = option("nf4", "4-bit data type: nf4 or fp4.", choices=["nf4", "fp4"])
-    bnb_4bit_compute_dtype: str = option("bfloat16", "Compute dtype of 4-bit layers.")
-    bnb_4bit_use_double_quant: bool = option(True, "Quantize the 4-bit quantization constants too.")
-
 def load_kwargs(a, revision=True):
     "Loader keyword arguments for config `a`: its LoadArgs options, and the quantization config PeftArgs ask for."
     kw = load_options(a, revision)

@@ -5,11 +5,10 @@
 # %% ../nbs/01g_placement.ipynb #2083a9ed
 from __future__ import annotations
 import dataclasses, functools, importlib.util, json, os, re, socket, time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 import torch
-from .config import ConfigError, option
+from .config import ConfigError
+from .options import PLACEMENTS, PlacementArgs   # declared without torch; importable from here too
 from .checkpoints import rng_state, set_rng_state, torch_load
 from .dist import merge_rank_metrics
 from .workers import Role
@@ -18,12 +17,12 @@ from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load
                               shard_batches, staleness_metrics)
 
 # %% auto #0
-__all__ = ['PLACEABLE_ROLES', 'PLACEMENTS', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
-           'ResourcePoolManager', 'run_roles', 'complete_pools', 'PlacementArgs', 'require_ray', 'check_placement',
-           'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method', 'worker_attr', 'last_lr',
-           'prepare_update', 'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole',
-           'RayPlacement', 'fsdp_wanted', 'LocalPlacement', 'check_rollout_pool', 'make_placement', 'plot_placements',
-           'step_timeline', 'plot_step_timeline']
+__all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
+           'ResourcePoolManager', 'run_roles', 'complete_pools', 'require_ray', 'check_placement', 'WorkerLost',
+           'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method', 'worker_attr', 'last_lr', 'prepare_update',
+           'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole', 'RayPlacement',
+           'fsdp_wanted', 'LocalPlacement', 'check_rollout_pool', 'make_placement', 'plot_placements', 'step_timeline',
+           'plot_step_timeline']
 
 # %% ../nbs/01g_placement.ipynb #41d03e48
 PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout)
@@ -115,27 +114,6 @@ def complete_pools(rpm, critic_mode, ref_active):
         raise ConfigError(f"pool too small for its roles: every pool needs one worker per data-parallel rank, "
                           f"got {', '.join(f'{p}={n}' for p, n in sizes.items())}")
     return out
-
-# %% ../nbs/01g_placement.ipynb #27818346
-PLACEMENTS = ("colocate", "accelerate", "ray")
-
-@dataclass
-class PlacementArgs:
-    "Where the roles run: one process, accelerate processes (DDP / FSDP2), or pools of Ray actors."
-    placement: str = option("colocate", "colocate: every role in each process (one process, or each rank of accelerate "
-                            "DDP); accelerate: the same under accelerate, with FSDP2 when asked; ray: roles on pools of Ray actors.",
-                            choices=list(PLACEMENTS))
-    resource_pools: Optional[str] = option(None, "Pools as {name: n_workers} (YAML mapping, JSON or name=n,name=n); "
-                                           "default one pool 'global_pool' of 1 worker. Used by placement ray.")
-    role_pools: Optional[str] = option(None, "Pool of each role {Role: pool}: ActorRollout, Critic, RefPolicy, RewardModel, "
-                                       "ActorRolloutRef. Unnamed roles join ActorRollout's pool; the reward runs in the driver unless placed.")
-    ray_address: Optional[str] = option(None, "Join this Ray cluster ('auto', or head_ip:6379 after `ray start --head`); "
-                                        "default: start a local cluster.")
-    ray_num_cpus: Optional[int] = option(None, "CPUs of the local Ray cluster (default: the machine's, at least one per worker).", min=1)
-    ray_cpus_per_worker: int = option(1, "CPUs (and torch threads) of each Ray worker.", min=1)
-    ray_gpus_per_worker: float = option(0.0, "GPUs of each Ray worker (1 on a GPU cluster; NCCL is then used between workers).", min=0)
-    fsdp: str = option("auto", "placement accelerate: shard parameters, gradients and optimizer state with FSDP2 "
-                       "(auto: when the accelerate config asks for FSDP).", choices=["auto", "on", "off"])
 
 # %% ../nbs/01g_placement.ipynb #8594d0ea
 def require_ray():

@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import option, CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs
+from .options import LoadArgs, PeftArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
-from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, checked_from_pretrained, LoadArgs, PeftArgs, load_kwargs, prepare_for_training, is_peft_model
+from .models import check_model_path, load_config, load_tokenizer, load_value_model, pretrained_kwargs, checked_from_pretrained, load_kwargs, prepare_for_training, is_peft_model
 from .files import fresh_output_dir, save_model_folder
 from .tracking import check_report_to, close_sinks, metric_sinks
 from .engine import LoopCheckpoints, RunGuard, RunLoop, TimeBudget, keep_rows

@@ -7,18 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Optional
-import torch
 from .config import ConfigError, option, CheckpointArgs, TrackingArgs
-from .core import kl_penalty, get_policy_loss, estimator_needs_critic, AGG_MODES
-from .dist import AccelerateArgs, check_accelerate_args
-from .models import LoadArgs, LoraArgs
-from .placement import PlacementArgs, check_placement
-from .rollout import RolloutArgs
-from .async_rl import AsyncArgs
-from .agents import AgentArgs
+from .options import (AccelerateArgs, AgentArgs, AsyncArgs, LoadArgs, LoraArgs, PlacementArgs, RolloutArgs,
+                             check_accelerate_args, run_check)
 
 # %% auto #0
-__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'resolve_critic', 'run_kind']
+__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'GRPOConfig', 'resolve_critic',
+           'run_kind']
 
 # %% ../nbs/01h_rl_config.ipynb #8ebcb122
 @dataclass
@@ -83,7 +78,7 @@ class ObjectiveArgs:
     cliprange_value: float = option(0.2, "Value clip around the rollout-time values.", gt=0)
     vf_coef: float = option(0.5, "Weight of the value loss.", min=0)
     entropy_coef: float = option(0.0, "Entropy bonus weight.")
-    loss_agg_mode: str = option("token-mean", "How per-token losses become one number.", choices=list(AGG_MODES))
+    loss_agg_mode: str = option("token-mean", "How per-token losses become one number: token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm.")
     missing_eos_penalty: Optional[float] = option(None, "Subtracted from the score of responses that hit the length limit without eos.")
     filter_groups: bool = option(False, "Drop groups whose completions all got the same score (no signal) before the update.")
     kl_coef: float = option(0.05, "KL coefficient beta (reward penalty, or loss weight with use_kl_loss).", min=0)
@@ -140,10 +135,8 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.rollout_threads is not None and self.rollout_threads < 1:
             raise ValueError(f"rollout_threads must be >= 1 (or unset for automatic), got {self.rollout_threads}")
-        if self.loss_agg_mode not in AGG_MODES: raise ValueError(f"loss_agg_mode must be one of {AGG_MODES}, not {self.loss_agg_mode!r}")
-        kl_penalty(torch.zeros(1), torch.zeros(1), self.kl_estimator)          # unknown estimator -> clear error now
-        get_policy_loss(self.policy_loss)
-        check_placement(self)                                                # pools, roles, Ray installed: before anything starts
+        run_check(self, "rlhf_nb.core:check_objective_names")                # the registries' names (core imports torch)
+        run_check(self, "rlhf_nb.placement:check_placement")                 # pools, roles, Ray installed: before anything starts
         if self.rollout_engine != "hf" and self.placement != "colocate":
             raise ConfigError(f"rollout_engine {self.rollout_engine!r} runs with placement colocate (one trainer process); "
                               f"under placement {self.placement!r} the actor workers sample with hf")
@@ -151,10 +144,36 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
     @property
     def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations
 
+# %% ../nbs/01h_rl_config.ipynb #2edf21d4
+@dataclass
+class GRPOConfig(PPOConfig):
+    "`PPOConfig` with GRPO's defaults: group advantages, no critic, k3 KL in the loss, zero-signal groups dropped."
+    output_dir: str = option("runs/grpo", "Where metrics.jsonl, checkpoints and the final model are written.")
+    adv_estimator: str = option("grpo", "Critic-free estimator from the registry: grpo, dr_grpo, rloo, reinforce_plus_plus(_baseline).")
+    num_generations: int = option(8, "Completions sampled per prompt (the group).", min=1)
+    per_device_train_batch_size: int = option(16, "Prompts per step per process (each sampled num_generations times).", min=1)
+    num_ppo_epochs: int = option(1, "Updates per batch of rollouts (1 = strictly on-policy).", min=1)
+    learning_rate: float = option(3e-4, "Actor learning rate (AdamW); large because the tiny default model has 1M parameters (1e-3 collapses it).", gt=0)
+    whiten_advantages: bool = option(False, "Whiten advantages over the batch (GRPO normalises inside each group instead).")
+    use_kl_loss: bool = option(True, "KL to the reference in the loss (GRPO) rather than in the reward.")
+    kl_estimator: str = option("k3", "Per-token KL estimator in the loss: k3 is unbiased and never negative.")
+    kl_coef: float = option(0.01, "beta: weight of the KL loss (0 with ref_strategy='none' removes the reference).", min=0)
+    beta: Optional[float] = option(None, "TRL's name for kl_coef; when set it overrides kl_coef.", min=0)
+    loss_type: str = option("dapo", "Token-loss aggregation as in TRL: grpo, bnpo, dr_grpo or dapo (sets loss_agg_mode).")
+    filter_groups: bool = option(True, "Drop groups whose completions all got the same score (zero advantage) before the update.")
+    warm_start_dir: Optional[str] = option(None, "With model 'tiny': supervised warm start on the arithmetic task first, saved here and reused.")
+
+    def __post_init__(self):
+        if self.beta is not None: self.kl_coef = self.beta
+        self.loss_agg_mode = run_check(self.loss_type, "rlhf_nb.core:loss_type_agg_mode")   # TRL's loss_type -> the mode
+        if self.adv_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.num_generations < 2:
+            raise ValueError(f"adv_estimator {self.adv_estimator!r} compares completions of one prompt: num_generations must be >= 2")
+        super().__post_init__()
+
 # %% ../nbs/01h_rl_config.ipynb #a1869ecc
 def resolve_critic(config):
     "'separate' / 'shared' / 'none' from the config and the advantage estimator."
-    needs = estimator_needs_critic(config.adv_estimator)
+    needs = run_check(config.adv_estimator, "rlhf_nb.core:estimator_needs_critic")   # core imports torch: called by name
     if config.critic == "auto": return "separate" if needs else "none"
     if needs and config.critic == "none":
         raise ValueError(f"adv_estimator {config.adv_estimator!r} needs a critic; critic='none' is not possible")

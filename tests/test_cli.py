@@ -10,7 +10,7 @@ import pytest
 import rlhf_nb as rlhf_nb_pkg
 from rlhf_nb import launch, demo
 from rlhf_nb.algos import GRPOConfig
-from rlhf_nb.config import CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs, option_declarations, repeated_options
+from rlhf_nb.config import OverwriteArgs, CheckpointArgs, TrackingArgs, DataArgs, SupervisedArgs, option_declarations, repeated_options
 from rlhf_nb.dpo import DPOConfig
 from rlhf_nb.models import LoadArgs, LoraArgs, PeftArgs
 from rlhf_nb.ppo import PPOConfig
@@ -90,7 +90,7 @@ def option_classes():
     return list(dict.fromkeys(out))
 
 
-GROUPS = (CheckpointArgs, TrackingArgs, DataArgs, LoraArgs, PeftArgs, LoadArgs)    # (the demo's bf16 is tri-state: None = on with CUDA)
+GROUPS = (OverwriteArgs, CheckpointArgs, TrackingArgs, DataArgs, LoraArgs, PeftArgs, LoadArgs)    # (the demo's bf16 is tri-state: None = on with CUDA)
 # Options each stage declares for itself: their defaults or meanings differ by stage (max_steps counts RL steps in
 # ppo/grpo and optimizer steps in sft, rm and dpo; learning_rate is 3e-5, 3e-4, 2e-4 or 3e-3; eval_size counts
 # prompts or pairs). A name that is not here and is declared twice should join a group in rlhf_nb.config instead.

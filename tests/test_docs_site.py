@@ -102,3 +102,19 @@ def test_pages_load_clean_in_chromium(site, browser):
             if target not in state: bad.append(f"{name} -> {target} (no such page)")
             elif u.fragment and unquote(u.fragment) not in state[target]["ids"]: bad.append(f"{name} -> {target}#{u.fragment} (no such anchor)")
     assert not bad, "broken internal links:\n" + "\n".join(sorted(set(bad))[:40])
+
+
+def test_cache_key_follows_the_code_a_notebook_runs(tmp_path, monkeypatch):
+    "An executed notebook is cached under its content and the package modules it reaches: editing one re-executes it."
+    sys.path.insert(0, str(ROOT / "tools"))
+    import build_docs
+    pkg = tmp_path / "rlhf_nb"; pkg.mkdir()
+    (pkg / "a.py").write_text("from .b import f\n"); (pkg / "b.py").write_text("def f(): return 1\n"); (pkg / "c.py").write_text("x = 1\n")
+    nb = tmp_path / "n.ipynb"; nb.write_text('{"cells": [{"source": ["from rlhf_nb.a import f"]}]}')
+    monkeypatch.setattr(build_docs, "PKG", pkg)
+    assert build_docs.modules_reached(nb) == ["a", "b"]
+    key = build_docs.cache_path(nb, tmp_path)
+    (pkg / "c.py").write_text("x = 2\n")                                      # a module it does not reach
+    assert build_docs.cache_path(nb, tmp_path) == key
+    (pkg / "b.py").write_text("def f(): return 2\n")                          # reached through a.py
+    assert build_docs.cache_path(nb, tmp_path) != key

@@ -37,7 +37,8 @@ CHECKS = {
     "rlhf_nb.ppo": "assert callable(m.RLTrainer) and m.PPOConfig().kl_coef >= 0",
     "rlhf_nb.workers": "assert m.Role.ActorRollout.name == 'ActorRollout' and m.Role.RefPolicy.name == 'RefPolicy'",
     "rlhf_nb.sharding": "from rlhf_nb.workers import Role; assert m.FSDP_ROLE_WORKERS[Role.Critic].__name__ == 'FSDPCriticWorker'",
-    "rlhf_nb.rl_config": "assert m.resolve_critic(m.PPOConfig()) == 'separate'",
+    "rlhf_nb.rl_config": "assert m.resolve_critic(m.PPOConfig()) == 'separate' and m.GRPOConfig().num_generations == 8",
+    "rlhf_nb.options": "assert m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
     "rlhf_nb.speed": "import torch; from rlhf_nb.core import logprobs_from_logits; x, y = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3)); assert torch.allclose(m.chunked_logprobs(x, y), logprobs_from_logits(x, y), atol=1e-6)",
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
 }

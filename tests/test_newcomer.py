@@ -6,7 +6,7 @@ the output folder is absent, or unchanged when it existed. Most cases fail while
 the same `rlhf_nb.launch.main` in this process (one interpreter start-up instead of twenty), the rest through the
 console script, so the whole file stays fast. The runs that train use the tiny model for one step.
 """
-import os, resource, shutil, signal, subprocess, sys, time
+import json, os, resource, shutil, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -54,7 +54,8 @@ def test_help_lists_subcommands_quickly(tmp_path):
 
 
 def test_grpo_help_is_grouped_and_for_grpo(tmp_path):
-    r = rlhf_nb("grpo", "--help", cwd=tmp_path)
+    t0 = time.time(); r = rlhf_nb("grpo", "--help", cwd=tmp_path); took = time.time() - t0
+    assert took < 5, f"rlhf-nb grpo --help took {took:.1f}s"                 # no torch on this path; bench/cli_startup.py times it
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     for group in ("ModelDataArgs:", "BatchArgs:", "ObjectiveArgs:", "LoopArgs:", "LaunchArgs:"): assert group in out, group
@@ -73,6 +74,21 @@ def test_readme_one_step_run_then_second_run_is_refused(tmp_path):
     r = rlhf_nb("grpo", "--output_dir", out, *ONE_STEP, cwd=tmp_path)
     error_line(r, f"--output_dir {out} already holds a run", "--overwrite_output_dir", "--resume_from_checkpoint")
     assert snapshot(out) == before                                             # nothing replaced
+
+
+def test_overwrite_replaces_the_previous_run(tmp_path):
+    out = tmp_path / "run"
+    steps = ["--max_steps", 2, "--save_steps", 1] + ONE_STEP[2:]
+    r = rlhf_nb("grpo", "--output_dir", out, *steps, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert {"checkpoint-1", "checkpoint-2"} <= {p.name for p in out.iterdir()}
+    (out / "notes.txt").write_text("mine")
+    r = rlhf_nb("grpo", "--output_dir", out, *ONE_STEP, "--overwrite_output_dir", "true", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "removed the previous run's checkpoint-1, checkpoint-2" in r.stderr
+    names = {p.name for p in out.iterdir()}
+    assert "checkpoint-2" not in names and "checkpoint-1" in names and (out / "notes.txt").read_text() == "mine"
+    assert max(json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()) <= 1   # the new run's rows only
 
 
 # --- mistakes: one line, status 2, nothing written -------------------------------------------------------------------

@@ -7,8 +7,9 @@ figures, a navigation bar between them, and an API reference page generated from
     python tools/build_docs.py --out _site --no-execute         # pages as stored (clean notebooks: code without outputs)
 
 Notebooks are stored without outputs, so the site runs them, as nbdev_test does (execnb, no Jupyter kernel). Each
-executed notebook is cached in $RLHF_NB_CACHE/docs (default ~/.cache/rlhf_nb/docs) under the hash of its content: a
-second build re-runs only the notebooks that changed (--jobs N runs N at a time; delete the folder to re-run all).
+executed notebook is cached in $RLHF_NB_CACHE/docs (default ~/.cache/rlhf_nb/docs) under the hash of its content and of
+the package modules it imports (directly or through other modules): a second build re-runs only the notebooks whose
+content or code changed (--jobs N runs N at a time; delete the folder to re-run all).
 Math is converted to MathML at build time (latex2mathml), so pages need no JavaScript and nothing from the network;
 links to other notebooks (`x.ipynb`) point to their pages; the notebook stylesheet is one shared file. `nbdev_docs`
 (quarto) keeps working where quarto exists.
@@ -67,13 +68,33 @@ def execute(path):
     return nbformat.reads(json.dumps(nbx), as_version=4)        # outputs' lists of lines joined back into text
 
 
-CACHE_VERSION = "1"                                              # bump to invalidate every cached notebook
+CACHE_VERSION = "2"                                              # bump to invalidate every cached notebook
+PKG = ROOT / "rlhf_nb"
+_OWN = re.compile(r"(?:from\s+rlhf_nb\.|import\s+rlhf_nb\.|from\s+\.)(\w+)|from\s+rlhf_nb\s+import\s+([\w ,]+)")
+
+
+def _own_modules(text):
+    "The rlhf_nb modules that source `text` imports (absolute, `from rlhf_nb import a, b` or relative)."
+    names = set()
+    for a, b in _OWN.findall(text): names.update([a] if a else [n.strip() for n in b.split(",")])
+    return {n for n in names if (PKG / f"{n}.py").exists()}
+
+
+def modules_reached(path):
+    "The package modules notebook `path` imports, directly or through other modules, sorted."
+    seen, todo = set(), _own_modules(Path(path).read_text())
+    while todo:
+        m = todo.pop(); seen.add(m)
+        todo |= _own_modules((PKG / f"{m}.py").read_text()) - seen
+    return sorted(seen)
 
 
 def cache_path(path, cache):
-    "Where the executed copy of notebook `path` is cached: `cache/<stem>-<hash of its content>.ipynb`."
-    digest = hashlib.sha256(CACHE_VERSION.encode() + Path(path).read_bytes()).hexdigest()[:16]
-    return Path(cache) / f"{Path(path).stem}-{digest}.ipynb"
+    """Where the executed copy of notebook `path` is cached: `cache/<stem>-<hash>.ipynb`, the hash of its content and of
+    every package module it reaches (a change to the code a notebook runs re-executes it)."""
+    h = hashlib.sha256(CACHE_VERSION.encode() + Path(path).read_bytes())
+    for m in modules_reached(path): h.update(m.encode() + (PKG / f"{m}.py").read_bytes())
+    return Path(cache) / f"{Path(path).stem}-{h.hexdigest()[:16]}.ipynb"
 
 
 def _execute_to(path, dest):

@@ -11,7 +11,8 @@ from pathlib import Path
 
 SCRIPT = '''
 import os, sys, torch
-from rlhf_nb.dist import make_accelerator, AccelerateArgs, end_distributed, exit_process
+from rlhf_nb.options import AccelerateArgs
+from rlhf_nb.dist import make_accelerator, end_distributed, exit_process
 acc = make_accelerator(AccelerateArgs())
 t = torch.ones(1000) * acc.process_index
 for _ in range(20): acc.reduce(t)
