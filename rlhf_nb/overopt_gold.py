@@ -184,11 +184,11 @@ def toy_domain(vocab=8, length=4, seed=0, proxy_noise=1.0):
     "The enumerable toy: all vocab**length sequences, base probs [M] (autoregressive), gold [M] and proxy [M] rewards."
     g = torch.Generator().manual_seed(seed)
     seqs = torch.tensor(list(itertools.product(range(vocab), repeat=length)))                 # [M, length]
-    first, trans = torch.randn(vocab, generator=g).log_softmax(-1), torch.randn(vocab, vocab, generator=g).log_softmax(-1)
+    first, trans = torch.randn(vocab, generator=g).double().log_softmax(-1), torch.randn(vocab, vocab, generator=g).double().log_softmax(-1)
     logp = first[seqs[:, 0]] + trans[seqs[:, :-1], seqs[:, 1:]].sum(-1)
-    gold = (seqs.float().mean(-1) / (vocab - 1)) + (seqs[:, 1:] > seqs[:, :-1]).float().mean(-1)
-    proxy = gold + proxy_noise * torch.randn(len(seqs), generator=g)
-    return dict(seqs=seqs, probs=logp.exp().double(), gold=gold.double(), proxy=proxy.double())
+    gold = (seqs.double().mean(-1) / (vocab - 1)) + (seqs[:, 1:] > seqs[:, :-1]).double().mean(-1)
+    proxy = gold + proxy_noise * torch.randn(len(seqs), generator=g).double()
+    return dict(seqs=seqs, probs=logp.exp(), gold=gold, proxy=proxy)
 
 def toy_bon_curve(toy, ns=tuple(2 ** k for k in range(12))):
     "Best-of-n on the toy with the proxy: exact KL, the bound, and the expected gold and proxy, one dict per n."
