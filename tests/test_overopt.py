@@ -95,6 +95,7 @@ ROW = {"data_source": "arith", "prompt": [{"role": "user", "content": "Q: 1+2="}
     ("nan", "returned nan"),
     ("missing", "rejected"),
     ("equal", "chosen and rejected are the same answer"),
+    ("exists", "holds an earlier run's overopt.json"),
 ])
 def test_bad_input_one_line(case, needle, capsys, tmp_path, policy_dir, monkeypatch):
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
@@ -102,7 +103,9 @@ def test_bad_input_one_line(case, needle, capsys, tmp_path, policy_dir, monkeypa
             "--bon_ns", "1,2"]
     extra = {"pool": ["--bon_ns", "1,64"], "nan": ["--gold", "_overopt_gold:nan_gold"],
              "missing": ["--pairs", _pairs(tmp_path, [{**ROW, "chosen": "3 #### 3"}])],
-             "equal": ["--pairs", _pairs(tmp_path, [{**ROW, "chosen": "3 #### 3", "rejected": "3 #### 3"}])]}[case]
+             "equal": ["--pairs", _pairs(tmp_path, [{**ROW, "chosen": "3 #### 3", "rejected": "3 #### 3"}])], "exists": []}[case]
+    if case == "exists": (tmp_path / "out").mkdir(); (tmp_path / "out" / "overopt.json").write_text("{}")
     rc, err = _cli(capsys, *base, *extra)
     assert rc == 2 and len(err) == 1 and needle in err[0], (rc, err)
-    assert not (tmp_path / "out" / "overopt.json").exists()             # nothing written
+    if case != "exists": assert not (tmp_path / "out" / "overopt.json").exists()             # nothing written
+    else: assert (tmp_path / "out" / "overopt.json").read_text() == "{}"                 # the earlier run's file is kept
