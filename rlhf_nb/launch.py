@@ -532,6 +532,7 @@ register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in mi
 
 # %% ../nbs/04c_launch.ipynb #17cbe022
 register_subcommand("trl", "rlhf_nb.trl_pipelines:trl_main", "TRL's trainers with TRL's options: trl sft|dpo|grpo|rloo|reward ..., trl ppo (TRL names, native PPO)")
+register_subcommand("overopt", "rlhf_nb.overopt:overopt_main", "reward-model over-optimisation: proxies, RL, DPO, best-of-n against a gold reward")
 
 # %% ../nbs/04c_launch.ipynb #dd301d6f
 def _first_comment(path):

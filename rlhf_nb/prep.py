@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_prep.ipynb #1ec68be1
 from __future__ import annotations
-import errno, os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
+import errno, importlib, os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
 from pathlib import Path
 import torch
 import pyarrow as pa
@@ -24,13 +24,14 @@ __all__ = ['PREPROCESSORS', 'FULL_DISK', 'register_preprocessor', 'prep_once', '
 PREPROCESSORS = {}
 
 def register_preprocessor(name, fn):
-    "Register (or overwrite) `fn(**options) -> {'train': rows, 'test': rows}` as `rlhf-nb prep NAME`."
+    "Register (or overwrite) `fn(**options) -> {'train': rows, 'test': rows}` (or its 'module:function' name) as `rlhf-nb prep NAME`."
     PREPROCESSORS[name] = fn
     return fn
 
 # %% ../nbs/00b_prep.ipynb #2f936f50
 for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "calc": prep_calc, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
     register_preprocessor(_n, _f)
+register_preprocessor("arith-gold", "rlhf_nb.overopt_gold:prep_gold_pairs")   # a later notebook's function, imported when used
 
 
 # %% ../nbs/00b_prep.ipynb #9dc379e6
@@ -85,6 +86,7 @@ def prep(name, out=None, holdout=None, **options):
     if name not in PREPROCESSORS:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(PREPROCESSORS)}")
     fn = PREPROCESSORS[name]
+    if isinstance(fn, str): fn = getattr(importlib.import_module(fn.split(":")[0]), fn.split(":")[1])   # lazy: a higher layer
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for k in options:

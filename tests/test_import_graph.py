@@ -90,6 +90,7 @@ LAYERS = {
     "rl_config": 6, "ppo": 6, "fast": 6, "algos": 6,                            # the RL trainer and its speed paths
     "dpo": 7, "trl_pipelines": 7,                                               # preference training, TRL's trainers
     "demo": 8, "health": 8, "launch": 8, "golden": 8, "widgets": 8,             # entry points and tools
+    "overopt_gold": 8, "overopt": 8,                                            # the over-optimisation experiment
 }
 
 

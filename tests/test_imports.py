@@ -41,6 +41,8 @@ CHECKS = {
     "rlhf_nb.options": "assert m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
     "rlhf_nb.speed": "import torch; from rlhf_nb.core import logprobs_from_logits; x, y = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3)); assert torch.allclose(m.chunked_logprobs(x, y), logprobs_from_logits(x, y), atol=1e-6)",
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
+    "rlhf_nb.overopt_gold": "assert m.gold_score('12 #### 12', '12') == 1.0 and abs(m.bon_kl_bound(2) - (__import__('math').log(2) - 0.5)) < 1e-12",
+    "rlhf_nb.overopt": "assert m.quick_args(m.OveroptArgs(quick=True)).rl_steps == m.QUICK['rl_steps'] and m.check_args(m.OveroptArgs())['bon_ns'][-1] == 64",
 }
 
 @pytest.mark.parametrize("mod,check", list(CHECKS.items()))
