@@ -40,6 +40,7 @@ CHECKS = {
     "rlhf_nb.rl_config": "assert m.resolve_critic(m.PPOConfig()) == 'separate'",
     "rlhf_nb.speed": "import torch; from rlhf_nb.core import logprobs_from_logits; x, y = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3)); assert torch.allclose(m.chunked_logprobs(x, y), logprobs_from_logits(x, y), atol=1e-6)",
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
+    "rlhf_nb.tinker_api": "d = m.types.Datum(model_input=m.types.ModelInput.from_ints([1, 2]), loss_fn_inputs={'target_tokens': [2, 3]}); assert len(m.check_data([d], 'cross_entropy')[1]) == 1",
 }
 
 @pytest.mark.parametrize("mod,check", list(CHECKS.items()))
