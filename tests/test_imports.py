@@ -41,6 +41,7 @@ CHECKS = {
     "rlhf_nb.speed": "import torch; from rlhf_nb.core import logprobs_from_logits; x, y = torch.randn(2, 3, 5), torch.randint(0, 5, (2, 3)); assert torch.allclose(m.chunked_logprobs(x, y), logprobs_from_logits(x, y), atol=1e-6)",
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
     "rlhf_nb.tinker_api": "d = m.types.Datum(model_input=m.types.ModelInput.from_ints([1, 2]), loss_fn_inputs={'target_tokens': [2, 3]}); assert len(m.check_data([d], 'cross_entropy')[1]) == 1",
+    "rlhf_nb.tinker_serve": "import numpy as np; from rlhf_nb.tinker_api import SDK_TYPES; assert callable(m.serve_main) and (not SDK_TYPES or m.TinkerServer(root=__import__('tempfile').mkdtemp()).handle('client/config', {})[0] == 200)",
 }
 
 @pytest.mark.parametrize("mod,check", list(CHECKS.items()))
