@@ -1,7 +1,10 @@
 """tinker-cookbook's own minimal RL loop (`tinker_cookbook.recipes.rl_loop.main`) on the arithmetic task, offline.
 
 The recipe's code runs unchanged; what it would fetch from the hosted service and the hub is supplied locally:
-  - `tinker.ServiceClient`   -> `rlhf_nb.tinker_api.ServiceClient` (the four primitives on a local model);
+  - the service              -> with --server, the SDK's own `tinker.ServiceClient` talking to `rlhf-nb tinker-serve`
+                                (started in this process on a free port, passed as the recipe's `base_url`); without
+                                it, `tinker.ServiceClient` is `rlhf_nb.tinker_api.ServiceClient` (the same backend
+                                in-process, no HTTP);
   - the tokenizer            -> the tiny model's character tokenizer (`get_tokenizer`);
   - the renderer             -> `ArithRenderer`: the last user turn through the tiny model's chat template, with the
                                 recipe's GSM8K instruction (`Provide a numerical answer ... \\boxed{}`) left out, since the
@@ -9,12 +12,12 @@ The recipe's code runs unchanged; what it would fetch from the hosted service an
   - the dataset              -> `make_arith` rows as GSM8K-shaped {question, answer} rows (`datasets.load_dataset`);
   - the reward               -> rlhf-nb's arithmetic grader (`#### N` must equal the sum) in place of `\\boxed{}` grading.
 The policy starts from rlhf-nb's SFT warm start ($RLHF_NB_CACHE/sft_arith, about 30% greedy accuracy) so that
-groups carry signal from the first step. Writes bench/results_tinker.json and bench/results_tinker.md.
+groups carry signal from the first step. Writes bench/results_tinker.json and .md (--server: results_tinker_server.*).
 
     pip install tinker==0.38.0 && pip install --no-deps tinker-cookbook==0.6.1 && pip install chz termcolor blobfile pylatexenc
-    python bench/tinker_cookbook_rl.py [--steps 20]
+    python bench/tinker_cookbook_rl.py [--steps 20] [--server]
 """
-import argparse, json, sys, tempfile, time
+import argparse, json, os, sys, tempfile, time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +28,7 @@ from rlhf_nb.models import load_tokenizer
 from rlhf_nb.rewards import gsm8k_strict_reward
 from rlhf_nb.sft import sft_warm_start
 from rlhf_nb.tinker_api import ServiceClient, types
+from rlhf_nb.tinker_serve import start_server
 
 OUT = Path(__file__).resolve().parent
 
@@ -47,11 +51,12 @@ def arith_gsm8k(n, seed=0):
         [{"question": r["prompt"][0]["content"], "answer": f"#### {r['reward_model']['ground_truth']}"} for r in rows])})
 
 
-def patch_recipe(rl_loop, model_dir, root):
-    "Point the recipe's module-level names at the local backend, the tiny tokenizer and the arithmetic task."
+def patch_recipe(rl_loop, model_dir, root, in_process=True):
+    "Point the recipe's module-level names at the tiny tokenizer, the arithmetic task and (in-process) the local backend."
     tok = load_tokenizer(model_dir, verbose=False)
-    rl_loop.tinker = SimpleNamespace(ServiceClient=lambda **kw: ServiceClient(root=root, **kw), types=rl_loop.types,
-                                     APIFuture=object)
+    if in_process:
+        rl_loop.tinker = SimpleNamespace(ServiceClient=lambda **kw: ServiceClient(root=root, **kw), types=rl_loop.types,
+                                         APIFuture=object)
     rl_loop.get_tokenizer = lambda name: tok
     rl_loop.model_info = SimpleNamespace(get_recommended_renderer_name=lambda name: "arith")
     rl_loop.renderers = SimpleNamespace(get_renderer=lambda name, tokenizer: ArithRenderer(tokenizer),
@@ -68,12 +73,18 @@ def main(argv=None):
     p.add_argument("--learning_rate", type=float, default=3e-3)
     p.add_argument("--lora_rank", type=int, default=32)
     p.add_argument("--log_path", default=None)
+    p.add_argument("--server", action="store_true", help="the SDK's own client over HTTP to tinker-serve (else in-process)")
     a = p.parse_args(argv)
     import tinker_cookbook.recipes.rl_loop as rl_loop            # optional: only this bench needs the cookbook
     model_dir = sft_warm_start(progress=False)
     log_path = a.log_path or tempfile.mkdtemp(prefix="tinker_rl_")
-    patch_recipe(rl_loop, model_dir, Path(log_path) / "checkpoints")
-    cfg = rl_loop.Config(log_path=log_path, model_name=model_dir, batch_size=a.batch_size, group_size=a.group_size,
+    patch_recipe(rl_loop, model_dir, Path(log_path) / "checkpoints", in_process=not a.server)
+    base_url = None
+    if a.server:
+        httpd = start_server(port=0, root=Path(log_path) / "checkpoints")
+        base_url = f"http://127.0.0.1:{httpd.server_port}"
+        os.environ.setdefault("TINKER_API_KEY", "tml-local")
+    cfg = rl_loop.Config(base_url=base_url, log_path=log_path, model_name=model_dir, batch_size=a.batch_size, group_size=a.group_size,
                          learning_rate=a.learning_rate, lora_rank=a.lora_rank, max_tokens=16, loss_fn="importance_sampling",
                          max_steps=a.steps, save_every=0)
     t0 = time.time()
@@ -81,14 +92,15 @@ def main(argv=None):
     seconds = time.time() - t0
     rows = [json.loads(l) for l in (Path(log_path) / "metrics.jsonl").read_text().splitlines()]
     curve = [round(r["reward/total"], 4) for r in rows if "reward/total" in r]
-    result = dict(recipe="tinker_cookbook.recipes.rl_loop (tinker-cookbook 0.6.1)", backend="rlhf_nb.tinker_api (in-process)",
-                  model=f"{model_dir} (rlhf-nb SFT warm start, tiny Qwen2) + LoRA rank {a.lora_rank}", task="arith 2-digit addition",
+    result = dict(recipe="tinker_cookbook.recipes.rl_loop (tinker-cookbook 0.6.1)", backend="the tinker SDK over HTTP to rlhf-nb tinker-serve" if a.server else "rlhf_nb.tinker_api (in-process)",
+                  model=f"$RLHF_NB_CACHE/sft_arith (rlhf-nb SFT warm start, tiny Qwen2) + LoRA rank {a.lora_rank}", task="arith 2-digit addition",
                   loss_fn="importance_sampling", steps=len(curve), batch_size=a.batch_size, group_size=a.group_size,
                   learning_rate=a.learning_rate, max_tokens=16, seconds=round(seconds, 1), reward_curve=curve,
-                  first5_mean=round(sum(curve[:5]) / 5, 4), last5_mean=round(sum(curve[-5:]) / 5, 4),
+                  first5_mean=round(sum(curve[:5]) / len(curve[:5]), 4), last5_mean=round(sum(curve[-5:]) / len(curve[-5:]), 4),
                   command="python bench/tinker_cookbook_rl.py " + " ".join(argv if argv is not None else sys.argv[1:]))
-    (OUT / "results_tinker.json").write_text(json.dumps(result, indent=1) + "\n")
-    (OUT / "results_tinker.md").write_text(
+    name = "results_tinker_server" if a.server else "results_tinker"
+    (OUT / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / f"{name}.md").write_text(
         f"# tinker-cookbook's RL loop on the offline backend\n\n`{result['command'].strip()}` ({seconds:.0f} s on a 2-core CPU)\n\n"
         f"{result['recipe']}, run unchanged against {result['backend']}: {result['model']}, {a.batch_size} arithmetic "
         f"prompts x {a.group_size} samples per step, `{result['loss_fn']}`, Adam lr {a.learning_rate}.\n\n"

@@ -152,3 +152,54 @@ def test_a_model_that_is_not_local_is_one_line(service):
 def test_the_sdk_types_are_the_ones_used_when_it_is_installed():
     tinker = pytest.importorskip("tinker", reason="the tinker SDK is not installed (pip install tinker==0.38.0)")
     assert types is tinker.types
+
+
+@pytest.fixture(scope="module")
+def sdk_server():
+    "The unmodified SDK's ServiceClient talking to tinker-serve on a free port."
+    tinker = pytest.importorskip("tinker", reason="the tinker SDK is not installed (pip install tinker==0.38.0)")
+    import os
+    from rlhf_nb.tinker_serve import start_server
+    httpd = start_server(port=0, root=tempfile.mkdtemp())
+    old = os.environ.get("TINKER_API_KEY"); os.environ["TINKER_API_KEY"] = "tml-local"
+    yield tinker, tinker.ServiceClient(base_url=f"http://127.0.0.1:{httpd.server_port}")
+    httpd.shutdown()
+    if old is None: os.environ.pop("TINKER_API_KEY", None)
+    else: os.environ["TINKER_API_KEY"] = old
+
+
+def test_the_sdk_trains_and_samples_through_tinker_serve(sdk_server):
+    tinker, sc = sdk_server
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    data = [sft_datum(tc.get_tokenizer(), r) for r in make_arith(4, seed=5)]
+    before = tc.forward_backward(data, "cross_entropy")
+    tc.optim_step(tinker.types.AdamParams(learning_rate=1e-3))
+    after = tc.forward(data, "cross_entropy").result()
+    assert after.metrics["loss:sum"] < before.result().metrics["loss:sum"]
+    assert [len(o["logprobs"].tolist()) for o in after.loss_fn_outputs] == [d.model_input.length for d in data]
+    res = tc.save_weights_and_get_sampling_client().result().sample(
+        prompt=data[0].model_input, num_samples=2, sampling_params=tinker.types.SamplingParams(max_tokens=4, seed=0)).result()
+    assert len(res.sequences) == 2 and all(len(s.tokens) == len(s.logprobs) <= 4 for s in res.sequences)
+
+
+def test_bad_input_through_tinker_serve_is_the_sdks_bad_request(sdk_server):
+    tinker, sc = sdk_server
+    with pytest.raises(tinker.BadRequestError, match="base_model 'Qwen/Qwen3-8B' is not local"):
+        sc.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=4).result()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    d = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints([10, 11]), loss_fn_inputs={"target_tokens": [11, 12]})
+    with pytest.raises(tinker.BadRequestError, match="unknown loss_fn 'nll'"): tc.forward_backward([d], "nll").result()
+    with pytest.raises(tinker.BadRequestError, match=r"needs loss_fn_inputs\['advantages'\]"):
+        tc.forward_backward([tinker.types.Datum(model_input=d.model_input, loss_fn_inputs={
+            "target_tokens": [11, 12], "logprobs": [0.0, 0.0]})], "importance_sampling").result()
+
+
+def test_tinker_serve_on_a_busy_port_is_one_line(capsys):
+    pytest.importorskip("tinker", reason="the tinker SDK is not installed (pip install tinker==0.38.0)")
+    import socket
+    from rlhf_nb.tinker_serve import serve_main
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); s.listen(); port = s.getsockname()[1]
+        with pytest.raises(SystemExit) as e: serve_main(["--port", str(port)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith(f"rlhf-nb tinker-serve: error: cannot listen on 127.0.0.1:{port}")
