@@ -63,7 +63,7 @@ def sample_to_proto(res):
 # %% ../nbs/04f_tinker_serve.ipynb #b5eea9c2
 class TinkerServer:
     "The state behind the wire protocol: training and sampling clients by id, and queued futures by request id."
-    def __init__(self, root=None, poll_seconds=1.0):
+    def __init__(self, root=None, poll_seconds=20.0):
         self.service, self.poll_seconds = ServiceClient(root=root), poll_seconds
         self.models, self.samplers, self.futures, self._ids = {}, {}, {}, itertools.count(1)
 
