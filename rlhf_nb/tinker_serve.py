@@ -78,6 +78,8 @@ class TinkerServer:
         try: out = fn(body) if name != "retrieve_future" else fn(body, accept_proto)
         except (ValueError, KeyError, FileNotFoundError) as e:
             return 400, "application/json", json.dumps({"detail": str(e).strip("'\"")}).encode()
+        except Exception as e:                      # a fault of the server: the SDK sees a 500 with its one line
+            return 500, "application/json", json.dumps({"detail": f"{type(e).__name__}: {e}"}).encode()
         if isinstance(out, bytes): return 200, "application/x-protobuf", out
         return 200, "application/json", json.dumps(out).encode()
 
@@ -100,7 +102,7 @@ def do_create_model(self, b):
     mid, rank = model_id_of(b), (b.get("lora_config") or {}).get("rank")
     make = self.service.create_lora_training_client if rank else self.service.create_training_client
     kw = {"rank": rank} if rank else {}
-    self.models[mid] = make(b["base_model"], seed=b.get("lora_config", {}).get("seed"), **kw)
+    self.models[mid] = make(b["base_model"], seed=(b.get("lora_config") or {}).get("seed"), **kw)
     return self.queue(self.service.submit(lambda: types.CreateModelResponse(model_id=mid)), mid)
 
 def do_get_info(self, b):
