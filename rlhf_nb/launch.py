@@ -571,6 +571,7 @@ def health_main(argv=None):
 
 register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
 register_subcommand("vllm-serve", "rlhf_nb.rollout:serve_main", "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
+register_subcommand("tinker-serve", "rlhf_nb.tinker_serve:serve_main", "Tinker's training API on local models, for the unmodified tinker SDK (TINKER_BASE_URL)")
 
 # %% ../nbs/04c_launch.ipynb #65552d24
 #| eval: false

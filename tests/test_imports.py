@@ -43,6 +43,8 @@ CHECKS = {
     "rlhf_nb.fast": "import rlhf_nb.ppo as p; assert issubclass(m.FastRLTrainer, p.RLTrainer)",
     "rlhf_nb.overopt_gold": "assert m.gold_score('12 #### 12', '12') == 1.0 and abs(m.bon_kl_bound(2) - (__import__('math').log(2) - 0.5)) < 1e-12",
     "rlhf_nb.overopt": "assert m.quick_args(m.OveroptArgs(quick=True)).rl_steps == m.QUICK['rl_steps'] and m.check_args(m.OveroptArgs())['bon_ns'][-1] == 64",
+    "rlhf_nb.tinker_api": "d = m.types.Datum(model_input=m.types.ModelInput.from_ints([1, 2]), loss_fn_inputs={'target_tokens': [2, 3]}); assert len(m.check_data([d], 'cross_entropy')[1]) == 1",
+    "rlhf_nb.tinker_serve": "import numpy as np; from rlhf_nb.tinker_api import SDK_TYPES; assert callable(m.serve_main) and (not SDK_TYPES or m.TinkerServer(root=__import__('tempfile').mkdtemp()).handle('client/config', {})[0] == 200)",
 }
 
 @pytest.mark.parametrize("mod,check", list(CHECKS.items()))
