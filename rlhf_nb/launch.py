@@ -182,7 +182,8 @@ def register_subcommand(name, target, help=""):
 
 def _usage():
     lines = ["usage: rlhf-nb SUBCOMMAND [options]   (rlhf-nb SUBCOMMAND --help for its options)", "", "subcommands:"]
-    lines += [f"  {k:<8} {h}" for k, (_, h) in SUBCOMMANDS.items()]
+    w = max(map(len, SUBCOMMANDS))
+    lines += [f"  {k:<{w}} {h}" for k, (_, h) in SUBCOMMANDS.items()]
     lines += ["", "training subcommands also run as: accelerate launch [--config_file F] -m rlhf_nb.launch SUBCOMMAND ...",
               "or, checked first: rlhf-nb SUBCOMMAND ... --accelerate_config F (a file in configs/accelerate/ or its name)"]
     return "\n".join(lines)
