@@ -41,7 +41,7 @@ class OveroptArgs(OverwriteArgs):
     start_temperature: float = option(2.0, "The starting policy samples as the SFT policy at this temperature (see `temper`).", gt=0)
     pairs: Optional[str] = option(None, "A preference file (parquet/jsonl: prompt, chosen, rejected) for the full proxy and DPO.")
     n_prompts: int = option(3000, "Train prompts whose sampled answers become gold pairs.", min=10)
-    rm_pairs: str = option("2000,250", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
+    rm_pairs: str = option("2000,25", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
     bt_temperature: float = option(0.1, "Bradley-Terry temperature of the gold labeller.", gt=0)
     label_noise: float = option(0.0, "Probability that a gold label is flipped.", min=0, max=0.5)
     rm_steps: int = option(300, "Optimizer steps per proxy reward model (batches of 32 pairs).", min=1)
@@ -55,7 +55,7 @@ class OveroptArgs(OverwriteArgs):
     pool: int = option(64, "Samples per held-out prompt in the best-of-n pool.", min=1)
     bon_ns: str = option("1,2,4,8,16,32,64", "Values of n for best-of-n (each at most the pool).")
 
-QUICK = dict(n_prompts=600, rm_pairs="400,100", rm_steps=100, rl_algos="ppo", rl_steps=30, eval_every=5, eval_prompts=64,
+QUICK = dict(n_prompts=600, rm_pairs="400,25", rm_steps=100, rl_algos="ppo", rl_steps=30, eval_every=5, eval_prompts=64,
              dpo_betas="0.1,0.5", ipo=False, dpo_steps=30, pool=32, bon_ns="1,2,4,8,16,32")
 
 def quick_args(a):
