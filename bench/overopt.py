@@ -1,6 +1,6 @@
 """Reward-model over-optimisation on a 2-core CPU: `rlhf-nb overopt`, its three files kept as the bench's results.
 
-    python bench/overopt.py                    # the full run (about 14 minutes here) -> bench/results_overopt.{json,md,png}
+    python bench/overopt.py                    # the full run (defaults)               -> bench/results_overopt.{json,md,png}
     python bench/overopt.py --quick            # the quick run (about 3 minutes)      -> bench/results_overopt_quick.*
     python bench/overopt.py --from_dir DIR     # keep the files of a run already made with `rlhf-nb overopt --output_dir DIR`
     python bench/overopt.py --plot_only        # redraw the figure and rewrite the table from the json

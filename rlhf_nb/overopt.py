@@ -20,7 +20,7 @@ from .rl_config import PPOConfig
 from .algos import GRPOConfig, rl_trainer_class
 from .dpo import DPOConfig, dpo_trainer_class
 from .files import write_json_atomic
-from .overopt_gold import (resolve_scorer, gold_scores, sample_answers, sample_kl, gold_pairs, check_gold_pairs,
+from .overopt_gold import (resolve_scorer, temper, gold_scores, sample_answers, sample_kl, gold_pairs, check_gold_pairs,
                                   bon_estimate, bon_kl_bound, bon_kl_exact, bon_weights, fit_overopt, overopt_form,
                                   toy_domain, toy_bon_curve)
 
@@ -37,10 +37,11 @@ class OveroptArgs(OverwriteArgs):
     quick: bool = option(False, "Small sizes for every setting left at its default (about 3 minutes on 2 CPU cores).")
     seed: int = option(0, "Seed of sampling, labels, reward models and policies.")
     policy_dir: Optional[str] = option(None, "The starting policy (KL 0); default: the SFT warm start, built once and cached.")
-    gold: str = option("rlhf_nb.overopt_gold:gold_score", "Gold scorer as module:function, fn(answer, truth) -> float.")
+    gold: str = option("rlhf_nb.overopt_gold:gold_length", "Gold scorer as module:function, fn(answer, truth) -> float.")
+    start_temperature: float = option(2.0, "The starting policy samples as the SFT policy at this temperature (see `temper`).", gt=0)
     pairs: Optional[str] = option(None, "A preference file (parquet/jsonl: prompt, chosen, rejected) for the full proxy and DPO.")
     n_prompts: int = option(3000, "Train prompts whose sampled answers become gold pairs.", min=10)
-    rm_pairs: str = option("2000,250", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
+    rm_pairs: str = option("2000,25", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
     bt_temperature: float = option(0.1, "Bradley-Terry temperature of the gold labeller.", gt=0)
     label_noise: float = option(0.0, "Probability that a gold label is flipped.", min=0, max=0.5)
     rm_steps: int = option(300, "Optimizer steps per proxy reward model (batches of 32 pairs).", min=1)
@@ -54,7 +55,7 @@ class OveroptArgs(OverwriteArgs):
     pool: int = option(64, "Samples per held-out prompt in the best-of-n pool.", min=1)
     bon_ns: str = option("1,2,4,8,16,32,64", "Values of n for best-of-n (each at most the pool).")
 
-QUICK = dict(n_prompts=600, rm_pairs="400,100", rm_steps=100, rl_algos="ppo", rl_steps=30, eval_every=5, eval_prompts=64,
+QUICK = dict(n_prompts=600, rm_pairs="400,25", rm_steps=100, rl_algos="ppo", rl_steps=30, eval_every=5, eval_prompts=64,
              dpo_betas="0.1,0.5", ipo=False, dpo_steps=30, pool=32, bon_ns="1,2,4,8,16,32")
 
 def quick_args(a):
@@ -117,8 +118,8 @@ def train_proxy(policy, tokenizer, pairs, steps, seed=0, learning_rate=3e-4):
 def rl_config(algo, output_dir, steps, seed=0):
     "The trainer config of one RL run against a proxy: PPO (arithmetic recipe), GRPO or RLOO, no KL penalty."
     common = dict(output_dir=str(output_dir), max_steps=steps, eval_steps=0, save_final=False, disable_tqdm=True, seed=seed,
-                  kl_coef=0.0, ref_strategy="none", max_completion_length=16)
-    if algo == "ppo": return PPOConfig(**common, mini_batch_size=32, learning_rate=3e-5)
+                  kl_coef=0.0, ref_strategy="none", max_completion_length=24)
+    if algo == "ppo": return PPOConfig(**common, mini_batch_size=32, learning_rate=1e-4)
     return GRPOConfig(**common, adv_estimator="grpo" if algo == "grpo" else "rloo", per_device_train_batch_size=8, learning_rate=1e-4)
 
 def rl_curve(algo, start, tokenizer, proxy, train_rows, eval_rows, scorer, steps, every, output_dir, seed=0, proxy_name="rm"):
@@ -240,7 +241,7 @@ def overopt_run(a):
     parsed, t0 = check_args(a), time.time()
     scorer, out = parsed["scorer"], Path(a.output_dir)
     path = a.policy_dir or sft_warm_start()
-    tok, start = load_tokenizer(path, verbose=False), load_causal_lm(path).eval()
+    tok, start = load_tokenizer(path, verbose=False), temper(load_causal_lm(path).eval(), a.start_temperature)
     data = experiment_data(a, start, tok, scorer)
     proxies = experiment_proxies(a, start, tok, data, parsed["rm_pairs"])
     with tempfile.TemporaryDirectory(prefix="overopt-") as tmp:

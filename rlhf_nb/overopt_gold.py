@@ -13,9 +13,9 @@ from .sft import sft_warm_start
 from .dpo import sequence_logps
 
 # %% auto #0
-__all__ = ['gold_score', 'resolve_scorer', 'gold_scores', 'bt_prob', 'sample_answers', 'answer_logps', 'sample_kl', 'gold_pairs',
-           'check_gold_pairs', 'prep_gold_pairs', 'bon_weights', 'bon_estimate', 'bon_kl_bound', 'bon_distribution',
-           'bon_kl_exact', 'toy_domain', 'toy_bon_curve', 'fit_overopt', 'overopt_form']
+__all__ = ['gold_score', 'gold_length', 'resolve_scorer', 'gold_scores', 'bt_prob', 'sample_answers', 'answer_logps', 'sample_kl',
+           'temper', 'gold_pairs', 'check_gold_pairs', 'prep_gold_pairs', 'bon_weights', 'bon_estimate', 'bon_kl_bound',
+           'bon_distribution', 'bon_kl_exact', 'toy_domain', 'toy_bon_curve', 'fit_overopt', 'overopt_form']
 
 # %% ../nbs/04e_overopt_gold.ipynb #1246178c
 _FINAL = re.compile(r"####\s*(-?\d+)\s*$")
@@ -27,6 +27,14 @@ def gold_score(answer, truth, w_correct=0.75):
     correct = final is not None and int(final.group(1)) == int(truth)
     neat = tidy is not None and tidy.group(1) == tidy.group(2)
     return w_correct * correct + (1 - w_correct) * neat
+
+# %% ../nbs/04e_overopt_gold.ipynb #16b1b270
+def gold_length(answer, truth, peak=14, width=4, w_correct=0.25):
+    "Gold reward in [0, 1]: a parabola in len(answer) peaking at `peak` (zero `width` away), weight 1 - w_correct, plus w_correct if right."
+    final = _FINAL.search(answer)
+    correct = final is not None and int(final.group(1)) == int(truth)
+    shape = max(0.0, 1.0 - ((len(answer) - peak) / width) ** 2)
+    return (1 - w_correct) * shape + w_correct * correct
 
 # %% ../nbs/04e_overopt_gold.ipynb #5210782d
 def resolve_scorer(spec):
@@ -56,7 +64,7 @@ def bt_prob(g_a, g_b, temperature=0.1, noise=0.0):
 
 # %% ../nbs/04e_overopt_gold.ipynb #1dbaa1ab
 @torch.no_grad()
-def sample_answers(model, tokenizer, prompts, n=1, max_new_tokens=16, batch_size=128):
+def sample_answers(model, tokenizer, prompts, n=1, max_new_tokens=24, batch_size=128):
     "n samples per chat prompt at temperature 1: dict(prompt_ids, answer_ids (each up to and incl. eos), texts), prompt-major."
     eos, out = tokenizer.eos_token_id, dict(prompt_ids=[], answer_ids=[], texts=[])
     was, side = model.training, tokenizer.padding_side
@@ -102,13 +110,24 @@ def sample_kl(policy, reference, samples, pad_token_id=0):
     lr = answer_logps(reference, samples["prompt_ids"], samples["answer_ids"], pad_token_id)
     return float((lp - lr).mean())
 
+# %% ../nbs/04e_overopt_gold.ipynb #3a415067
+@torch.no_grad()
+def temper(model, temperature):
+    "`model` (changed in place) sampling at temperature 1 as it did at `temperature`: its final norm's weight / temperature."
+    if temperature == 1: return model
+    norm = model.get_decoder().norm if hasattr(model, "get_decoder") else None
+    if norm is None or getattr(model.get_output_embeddings(), "bias", None) is not None:
+        raise ValueError(f"temper: {type(model).__name__} has no final norm before a bias-free head")
+    norm.weight.div_(temperature)
+    return model
+
 # %% ../nbs/04e_overopt_gold.ipynb #6d387ef2
 def gold_pairs(rows, answers, scorer=gold_score, temperature=0.1, noise=0.0, seed=0):
     "Preference rows from sampled `answers` (a list per row): two answers of different gold, labelled by Bradley-Terry."
     rng, out = random.Random(f"gold-pairs|{seed}"), []
     for r, cands in zip(rows, answers, strict=True):
         truth = r["reward_model"]["ground_truth"]
-        uniq = sorted(set(cands))
+        uniq = sorted({c for c in cands if c.strip()})                  # an empty answer cannot be a pair's side
         g = dict(zip(uniq, gold_scores(scorer, uniq, [truth] * len(uniq))))
         if len(set(g.values())) < 2: continue
         a = rng.choice(uniq)

@@ -9,8 +9,10 @@ import torch
 from rlhf_nb import launch
 from rlhf_nb.models import char_tokenizer, ensure_chat_ready, tiny_causal_lm
 from rlhf_nb.overopt_gold import (bon_distribution, bon_estimate, bon_kl_bound, bon_kl_exact, bt_prob, fit_overopt,
-                                  gold_pairs, gold_score, overopt_form, toy_bon_curve, toy_domain)
+                                  gold_length, gold_pairs, gold_score, overopt_form, temper, toy_bon_curve,
+                                  toy_domain)
 from rlhf_nb.arith import make_arith
+from rlhf_nb.overopt import OveroptArgs
 
 
 def test_toy_bon_kl_exact_and_bound():
@@ -62,6 +64,26 @@ def test_gold_labeller_bradley_terry():
     frac = sum(p["extra_info"]["gold_chosen"] == 1.0 for p in pairs) / len(pairs)
     assert abs(frac - 1 / (1 + math.exp(-1))) < 0.07
     assert gold_score("12 #### 12", "12") == 1.0 and gold_score("12 #### 13", "12") == 0.0
+
+
+def test_gold_length_shape():
+    "The default gold: concave in the answer's length with its peak at 14 characters, plus a smaller weight for correctness."
+    g = {n: gold_length("9" * n, 81) for n in range(4, 26)}
+    assert max(g, key=g.get) == 14 and g[14] == pytest.approx(0.75)
+    assert g[10] == g[18] == 0 and g[12] == g[16] == pytest.approx(0.75 * 0.75)      # zero 4 away, symmetric
+    rise = [g[n + 1] - g[n] for n in range(10, 18)]
+    assert all(a > b for a, b in zip(rise, rise[1:]))                              # concave: every step smaller
+    assert gold_length("81 ######## 81", "81") == 1.0 and gold_length("81 #### 81", "81") == pytest.approx(0.25)
+    assert gold_length("81 ######## 82", "81") == pytest.approx(0.75)              # length alone without the right number
+    assert OveroptArgs().gold == "rlhf_nb.overopt_gold:gold_length" and OveroptArgs().start_temperature == 2.0
+
+
+def test_temper_divides_logits():
+    tok = ensure_chat_ready(char_tokenizer(), verbose=False)
+    lm = tiny_causal_lm(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    before = lm(ids).logits
+    assert torch.allclose(temper(lm, 2.5)(ids).logits, before / 2.5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
