@@ -41,7 +41,7 @@ def notebook_paths(names):
     return out
 
 def run_one(path, slow):
-    "Run All of one notebook with nbdev_test: -> (its `name: N secs` line or None when it failed, wall seconds, last output line)."
+    "Run All of one notebook with nbdev_test: -> (its `name: N secs` line or None when it failed, wall seconds, what failed)."
     cmd = ["nbdev_test", "--n_workers", "1", "--timing", *(["--flags", "slow"] if slow else []), "--path", str(path)]
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -49,7 +49,8 @@ def run_one(path, slow):
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     wall, out = time.time() - t0, p.stdout + p.stderr
     m = re.search(rf"^{re.escape(path.name)}: \d+ secs$", out, re.M)
-    last = next((l for l in reversed(out.splitlines()) if l.strip()), "")
+    cells, errors = re.findall(r"^While Executing Cell #(\d+)", out, re.M), re.findall(r"^\w+(?:Error|Exception|Interrupt)\b:? .*$", out, re.M)
+    last = (f"cell #{cells[-1]}: " if cells else "") + (errors[-1] if errors else next((l for l in reversed(out.splitlines()) if l.strip()), ""))
     return (m.group(0) if p.returncode == 0 and m else None), wall, last
 
 def run(names, slow):
