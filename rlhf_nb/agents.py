@@ -4,14 +4,14 @@
 
 # %% ../nbs/01ft_agents.ipynb #5b3040f7
 from __future__ import annotations
-import ast, importlib, inspect, json, operator, re, threading, time
+import ast, inspect, json, operator, re, threading, time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 import torch
 from fastcore.basics import patch
 from transformers.utils import get_json_schema
-from .config import ConfigError
+from .config import ConfigError, import_object     # import_object: importable from here too
 from .options import AgentArgs                       # declared without torch; importable from here too
 from .arith import make_calc
 from .models import char_tokenizer, tiny_causal_lm
@@ -25,9 +25,8 @@ __all__ = ['ENV_METHODS', 'TOOL_CALL_PARSERS', 'CHATML_TEMPLATE', 'ENVIRONMENTS'
            'environment_tools', 'register_tool_call_parser', 'get_tool_call_parser', 'parse_hermes', 'call_tool',
            'TemplateError', 'render_ids', 'env_turn_ids', 'grown_ids', 'check_template', 'roundtrip_mismatch',
            'Trajectory', 'AgentLoop', 'trajectories_to_batch', 'tool_metrics', 'safe_eval', 'format_number',
-           'CalculatorEnv', 'calc_call', 'calc_demo', 'demo_sft', 'calc_warm_start', 'import_object',
-           'environment_factory', 'check_agent_args', 'make_agent_loop', 'attach_agent', 'agent_warm_start',
-           'agent_answers']
+           'CalculatorEnv', 'calc_call', 'calc_demo', 'demo_sft', 'calc_warm_start', 'environment_factory',
+           'check_agent_args', 'make_agent_loop', 'attach_agent', 'agent_warm_start', 'agent_answers']
 
 # %% ../nbs/01ft_agents.ipynb #e9341c28
 def tool_schema(fn):
@@ -391,13 +390,6 @@ def calc_warm_start(output_dir, n_demos=48, steps=225, seed=0, use_tool=True, le
     return str(save_atomic(out, write))
 
 # %% ../nbs/01ft_agents.ipynb #948c56fe
-def import_object(spec, what):
-    "The object at 'package.module:name'; ConfigError names `what` and the spec when it cannot be imported."
-    mod, _, name = str(spec).partition(":")
-    if not mod or not name: raise ConfigError(f"{what} {spec!r}: write it as 'package.module:name'")
-    try: return getattr(importlib.import_module(mod), name)
-    except (ImportError, AttributeError) as e: raise ConfigError(f"{what} {spec!r} cannot be imported: {e}") from None
-
 def environment_factory(name):
     "The environment class called `name`: a built-in one or 'package.module:Class'."
     if name in ENVIRONMENTS: return ENVIRONMENTS[name]

@@ -14,7 +14,7 @@ import yaml
 __all__ = ['RANGE_KEYS', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments',
            'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs',
            'packaged_configs', 'find_config', 'parse_config', 'OverwriteArgs', 'CheckpointArgs', 'TrackingArgs',
-           'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options']
+           'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options', 'import_object']
 
 # %% ../nbs/00_config.ipynb #8616afec
 RANGE_KEYS = ("min", "max", "gt", "lt")
@@ -267,3 +267,16 @@ def repeated_options(classes):
     "{option name: [declaring classes]} for options declared by two dataclasses neither of which subclasses the other."
     def unrelated(cs): return any(not (issubclass(a, b) or issubclass(b, a)) for i, a in enumerate(cs) for b in cs[i + 1:])
     return {k: cs for k, cs in option_declarations(classes).items() if unrelated(cs)}
+
+# %% ../nbs/00_config.ipynb #b915e118
+def import_object(spec, what="object"):
+    "The object that 'package.module:name' names (`spec` itself if it is not a string); ConfigError naming `what` and `spec` if not."
+    if not isinstance(spec, str): return spec
+    mod, _, name = spec.partition(":")
+    if not mod or not name: raise ConfigError(f"{what} {spec!r}: write it as 'package.module:name'")
+    try: obj = importlib.import_module(mod)
+    except ImportError as e: raise ConfigError(f"{what} {spec!r} cannot be imported: {e}") from None
+    for part in name.split("."):
+        try: obj = getattr(obj, part)
+        except AttributeError: raise ConfigError(f"{what} {spec!r} cannot be imported: {mod} has no {name!r}") from None
+    return obj

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
-from .config import ConfigError, DataArgs, find_config, option, packaged_configs, parse_config
+from .config import ConfigError, DataArgs, find_config, import_object, option, packaged_configs, parse_config
 from .files import DiskFull, distributed_world, full_disk_errno, check_output_dir, clear_run_files
 from .tracking import log_progress
 
@@ -190,9 +190,7 @@ def _usage():
 
 def _resolve(target):
     "A subcommand's function: `target` itself, or the function a `module:function` string names."
-    if not isinstance(target, str): return target
-    mod, fn = target.split(":")
-    return getattr(importlib.import_module(mod), fn)
+    return import_object(target, "subcommand")
 
 # %% ../nbs/04c_launch.ipynb #2f05ec8f
 def _pop_option(argv, name):

@@ -4,10 +4,9 @@
 
 # %% ../nbs/00_options.ipynb #16c391b8
 from __future__ import annotations
-import importlib
 from dataclasses import dataclass
 from typing import Optional
-from .config import option
+from .config import import_object, option
 
 # %% auto #0
 __all__ = ['PLACEMENTS', 'ENGINES', 'VLLM_MODES', 'ASYNC_PLACEMENTS', 'run_check', 'LoadArgs', 'LoraArgs', 'PeftArgs',
@@ -16,8 +15,7 @@ __all__ = ['PLACEMENTS', 'ENGINES', 'VLLM_MODES', 'ASYNC_PLACEMENTS', 'run_check
 # %% ../nbs/00_options.ipynb #2c030e6a
 def run_check(obj, target):
     "Call the check at 'package.module:function' on `obj`, importing its module on first use; -> what the check returns."
-    mod, _, fn = target.partition(":")
-    return getattr(importlib.import_module(mod), fn)(obj)
+    return import_object(target, "check")(obj)
 
 # %% ../nbs/00_options.ipynb #ade62ec1
 @dataclass

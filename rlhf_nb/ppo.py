@@ -159,7 +159,7 @@ def critic_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
         vf, vclip = value_loss(critic.forward(data, idx), data["values"][idx], data["returns"][idx], mask,
                                cfg.cliprange_value, cfg.loss_agg_mode)
         critic.backward(cfg.vf_coef * vf * weight)
-    return {"critic/vf_loss": float(vf), "critic/vf_clipfrac": float(vclip)}
+    return {"critic/vf_loss": float(vf.detach()), "critic/vf_clipfrac": float(vclip)}
 
 # %% ../nbs/02_ppo.ipynb #9b1f212c
 def _tokens(data, idx): return float(data["response_mask"][idx].sum())

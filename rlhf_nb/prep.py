@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_prep.ipynb #1ec68be1
 from __future__ import annotations
-import errno, importlib, os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
+import errno, os, re, sys, json, time, random, shutil, inspect, warnings, argparse, tempfile
 from pathlib import Path
 import torch
 import pyarrow as pa
@@ -12,7 +12,7 @@ import yaml
 from .data import DataError, ROW_KINDS, SPLITS, Splits, HH_SUBSETS, HH_VARIANTS, validate_rows, write_parquet, read_rows
 from .data import prep_gsm8k, prep_math, prep_hh, prep_hellaswag, prep_rows
 from .arith import make_arith, prep_arith, prep_calc
-from .config import DataArgs                           # re-exported: `from rlhf_nb.prep import DataArgs` keeps working
+from .config import DataArgs, import_object            # DataArgs re-exported: `from rlhf_nb.prep import DataArgs` keeps working
 
 
 # %% auto #0
@@ -86,7 +86,7 @@ def prep(name, out=None, holdout=None, **options):
     if name not in PREPROCESSORS:
         raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(PREPROCESSORS)}")
     fn = PREPROCESSORS[name]
-    if isinstance(fn, str): fn = getattr(importlib.import_module(fn.split(":")[0]), fn.split(":")[1])   # lazy: a higher layer
+    fn = import_object(fn, f"dataset {name}")                     # a 'module:function' string: a higher layer, imported now
     params = inspect.signature(fn).parameters
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     for k in options:

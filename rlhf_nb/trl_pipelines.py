@@ -4,13 +4,13 @@
 
 # %% ../nbs/03a_trl_pipelines.ipynb #4abc44bf
 from __future__ import annotations
-import dataclasses, functools, importlib, inspect, json, math, os, sys
+import dataclasses, functools, inspect, json, math, os, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import torch
 from . import prep
-from .config import ConfigError, option, parse_config
+from .config import ConfigError, import_object, option, parse_config
 from .tracking import log_progress
 from .prep import DataArgs, parse_split, read_train_test, select_split
 from .dataset import to_trl_dpo, to_trl_grpo, to_trl_sft
@@ -70,9 +70,7 @@ def register_trl_pipeline(name, config_class, trainer_class, to_dataset, row_kin
 
 def _resolve(obj):
     "A class, or the class named by a 'module.Name' path."
-    if not isinstance(obj, str): return obj
-    mod, _, name = obj.rpartition(".")
-    return getattr(importlib.import_module(mod), name)
+    return import_object(":".join(obj.rsplit(".", 1)), "TRL class") if isinstance(obj, str) else obj
 
 def get_trl_pipeline(name):
     "The registry entry for `name` (case-insensitive), its classes imported; unknown names list the known ones."
