@@ -4,9 +4,7 @@
 
 # %% ../nbs/01a_core.ipynb #44e3964f
 from __future__ import annotations
-import math
 import torch
-import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['AGG_MODES', 'ADV_ESTIMATORS', 'POLICY_LOSSES', 'GRPO_LOSS_TYPES', 'LOSS_TYPE_TO_AGG_MODE', 'IS_CORRECTIONS',
