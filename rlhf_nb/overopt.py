@@ -25,9 +25,10 @@ from .overopt_gold import (resolve_scorer, temper, gold_scores, sample_answers, 
                                   toy_domain, toy_bon_curve)
 
 # %% auto #0
-__all__ = ['QUICK', 'OveroptArgs', 'quick_args', 'check_args', 'measure', 'sample_gold_pairs', 'gold_accuracy', 'train_proxy',
-           'rl_config', 'rl_curve', 'dpo_point', 'pool_bon_kl', 'bon_points', 'experiment_data', 'experiment_proxies',
-           'experiment_runs', 'targets', 'overopt_run', 'plot_overopt', 'overopt_markdown', 'overopt_main']
+__all__ = ['QUICK', 'OveroptArgs', 'quick_args', 'check_args', 'measure', 'sample_gold_pairs', 'gold_accuracy', 'keep_layers',
+           'train_proxy', 'rl_config', 'rl_curve', 'dpo_point', 'pool_bon_kl', 'bon_points', 'experiment_data',
+           'experiment_proxies', 'experiment_runs', 'targets', 'overopt_run', 'plot_overopt', 'overopt_markdown',
+           'overopt_main']
 
 # %% ../nbs/04f_overopt.ipynb #c12d044a
 @dataclass
@@ -41,7 +42,8 @@ class OveroptArgs(OverwriteArgs):
     start_temperature: float = option(2.0, "The starting policy samples as the SFT policy at this temperature (see `temper`).", gt=0)
     pairs: Optional[str] = option(None, "A preference file (parquet/jsonl: prompt, chosen, rejected) for the full proxy and DPO.")
     n_prompts: int = option(3000, "Train prompts whose sampled answers become gold pairs.", min=10)
-    rm_pairs: str = option("2000,25", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
+    rm_pairs: str = option("2000,100,25", "Pairs per proxy reward model, comma-separated: the full proxy first, then weaker ones.")
+    rm_layers: str = option("1", "Smaller proxies: the policy's first K layers, comma-separated, each on the full proxy's pairs ('' for none).")
     bt_temperature: float = option(0.1, "Bradley-Terry temperature of the gold labeller.", gt=0)
     label_noise: float = option(0.0, "Probability that a gold label is flipped.", min=0, max=0.5)
     rm_steps: int = option(300, "Optimizer steps per proxy reward model (batches of 32 pairs).", min=1)
@@ -55,7 +57,7 @@ class OveroptArgs(OverwriteArgs):
     pool: int = option(64, "Samples per held-out prompt in the best-of-n pool.", min=1)
     bon_ns: str = option("1,2,4,8,16,32,64", "Values of n for best-of-n (each at most the pool).")
 
-QUICK = dict(n_prompts=600, rm_pairs="400,25", rm_steps=100, rl_algos="ppo", rl_steps=30, eval_every=5, eval_prompts=64,
+QUICK = dict(n_prompts=600, rm_pairs="400,25", rm_steps=100, rm_layers="", rl_algos="ppo", rl_steps=60, eval_every=10, eval_prompts=64,
              dpo_betas="0.1,0.5", ipo=False, dpo_steps=30, pool=32, bon_ns="1,2,4,8,16,32")
 
 def quick_args(a):
@@ -70,9 +72,10 @@ def _ints(s, what):
     except ValueError: raise ValueError(f"--{what} {s!r}: expected comma-separated integers") from None
 
 def check_args(a):
-    "The parsed lists of `a` (OveroptArgs): dict(rm_pairs, bon_ns, betas, algos, scorer); ValueError on bad input."
-    ns, sizes = _ints(a.bon_ns, "bon_ns"), _ints(a.rm_pairs, "rm_pairs")
+    "The parsed lists of `a` (OveroptArgs): dict(rm_pairs, rm_layers, bon_ns, betas, algos, scorer); ValueError on bad input."
+    ns, sizes, layers = _ints(a.bon_ns, "bon_ns"), _ints(a.rm_pairs, "rm_pairs"), _ints(a.rm_layers, "rm_layers")
     if not ns or not sizes: raise ValueError("--bon_ns and --rm_pairs need at least one value each")
+    if any(k < 1 for k in sizes + layers): raise ValueError(f"--rm_pairs {a.rm_pairs!r} / --rm_layers {a.rm_layers!r}: every value must be >= 1")
     for n in ns: bon_weights(a.pool, n)                                  # n larger than the pool: its one line
     if (Path(a.output_dir) / "overopt.json").exists() and not a.overwrite_output_dir:
         raise ValueError(f"--output_dir {a.output_dir} holds an earlier run's overopt.json: choose another folder or pass --overwrite_output_dir")
@@ -81,7 +84,7 @@ def check_args(a):
     algos = [x.strip() for x in a.rl_algos.split(",") if x.strip()]
     bad = [x for x in algos if x not in ("ppo", "grpo", "rloo")]
     if bad: raise ValueError(f"--rl_algos: {bad[0]!r} is not one of ppo, grpo, rloo")
-    return dict(rm_pairs=sizes, bon_ns=ns, betas=betas, algos=algos, scorer=resolve_scorer(a.gold))
+    return dict(rm_pairs=sizes, rm_layers=layers, bon_ns=ns, betas=betas, algos=algos, scorer=resolve_scorer(a.gold))
 
 # %% ../nbs/04f_overopt.ipynb #a832e3a9
 def measure(policy, reference, tokenizer, rows, proxy, scorer, n=2):
@@ -108,9 +111,20 @@ def gold_accuracy(proxy, pairs):
     sh, sl = proxy(prompts, hi)[0], proxy(prompts, lo)[0]
     return float(((sh > sl).float() + 0.5 * (sh == sl).float()).mean())
 
-def train_proxy(policy, tokenizer, pairs, steps, seed=0, learning_rate=3e-4):
-    "A proxy reward model: the policy's backbone with a zero scalar head, Bradley-Terry trained on `pairs`. -> ModelReward"
+def keep_layers(model, k):
+    "`model` (changed in place) with only the first `k` of its backbone's decoder layers; ValueError if it has no more than k."
+    base = getattr(model, model.base_model_prefix)
+    n = len(base.layers)
+    if not 1 <= k < n: raise ValueError(f"--rm_layers {k}: the policy has {n} layer(s); a smaller proxy keeps fewer, at least 1")
+    base.layers = base.layers[:k]
+    model.config.num_hidden_layers = k
+    if getattr(model.config, "layer_types", None): model.config.layer_types = model.config.layer_types[:k]
+    return model
+
+def train_proxy(policy, tokenizer, pairs, steps, seed=0, learning_rate=3e-4, layers=None):
+    "A proxy reward model: the policy's backbone (its first `layers` layers) with a zero head, Bradley-Terry trained on `pairs`."
     model = value_model_from_policy(policy, seed=seed, pad_token_id=tokenizer.pad_token_id)
+    if layers: keep_layers(model, layers)
     train_reward_model(model, tokenizer, pairs, learning_rate=learning_rate, batch_size=32, max_steps=steps, max_length=128, seed=seed)
     return ModelReward(model.eval().requires_grad_(False), tokenizer, max_length=128, batch_size=256)
 
@@ -183,13 +197,14 @@ def experiment_data(a, start, tok, scorer):
     return dict(train=train, held=held, eval=_model_rows(make_arith(a.eval_prompts, "test", seed=a.seed)),
                 rl=_model_rows(make_arith(4000, "train", seed=a.seed + 2)))
 
-def experiment_proxies(a, start, tok, data, sizes):
-    "One proxy per data amount in `sizes`: -> list of dict(name, pairs, accuracy, proxy)."
-    out = []
-    for k in sizes:
-        proxy = train_proxy(start, tok, data["train"][:k], a.rm_steps, a.seed)
-        out.append(dict(name=f"rm{k}", pairs=min(k, len(data["train"])), accuracy=gold_accuracy(proxy, data["held"]), proxy=proxy))
-        print(f"overopt: proxy rm{k}: held-out gold-pair accuracy {out[-1]['accuracy']:.3f}", file=sys.stderr, flush=True)
+def experiment_proxies(a, start, tok, data, sizes, layers=()):
+    "One proxy per data amount in `sizes`, then one per smaller model in `layers` (full data): list of dict(name, pairs, layers, accuracy, proxy)."
+    n, out = start.config.num_hidden_layers, []
+    for k, L in [(k, n) for k in sizes] + [(sizes[0], L) for L in layers]:
+        proxy = train_proxy(start, tok, data["train"][:k], a.rm_steps, a.seed, layers=L if L != n else None)
+        name = f"rm{k}" + (f"_L{L}" if L != n else "")
+        out.append(dict(name=name, pairs=min(k, len(data["train"])), layers=L, accuracy=gold_accuracy(proxy, data["held"]), proxy=proxy))
+        print(f"overopt: proxy {name}: held-out gold-pair accuracy {out[-1]['accuracy']:.3f}", file=sys.stderr, flush=True)
     return out
 
 # %% ../nbs/04f_overopt.ipynb #6dfb0713
@@ -224,6 +239,11 @@ def targets(res):
                ppo_best_kl=_best(ppo)["kl"], ppo_gold_gain=_best(ppo)["gold"] - ppo[0]["gold"],
                peak_kl={rm: _best(curve("ppo", rm))["kl"] for rm in names},
                bon_kl_under_bound=all(b["kl"] <= b["kl_bound"] + 1e-9 for b in res["bon"]))
+    out["peak_reached"] = {rm: _best(curve("ppo", rm)) is not curve("ppo", rm)[-1] for rm in names}
+    pairs, kl = {p["name"]: (p["pairs"], p.get("layers")) for p in res["proxies"]}, out["peak_kl"]
+    shown = [(w, s) for w in names for s in names                       # same model size, more data
+             if out["peak_reached"][w] and pairs[s][0] > pairs[w][0] and pairs[s][1] == pairs[w][1]]
+    out["peak_kl_grows_with_data"] = all(kl[s] >= kl[w] for w, s in shown) if shown else None
     for rm in names[1:]:
         w = curve("ppo", rm)
         out[f"{rm}_drop_from_peak"] = _best(w)["gold"] - w[-1]["gold"]
@@ -242,18 +262,23 @@ def overopt_run(a):
     scorer, out = parsed["scorer"], Path(a.output_dir)
     path = a.policy_dir or sft_warm_start()
     tok, start = load_tokenizer(path, verbose=False), temper(load_causal_lm(path).eval(), a.start_temperature)
+    n = start.config.num_hidden_layers
+    for k in parsed["rm_layers"]:                                         # before any sampling: one line
+        if k >= n: raise ValueError(f"--rm_layers {k}: the policy has {n} layer(s); a smaller proxy keeps fewer, at least 1 "
+                                    "(--rm_layers '' for none)")
     data = experiment_data(a, start, tok, scorer)
-    proxies = experiment_proxies(a, start, tok, data, parsed["rm_pairs"])
+    proxies = experiment_proxies(a, start, tok, data, parsed["rm_pairs"], parsed["rm_layers"])
     with tempfile.TemporaryDirectory(prefix="overopt-") as tmp:
         rl, dpo, bon = experiment_runs(a, start, tok, data, proxies, parsed, scorer, tmp)
     toy = toy_domain(seed=a.seed)
     toy_curve = toy_bon_curve(toy)
     ppo = [p for p in rl if p["algo"] == "ppo" and p["rm"] == proxies[0]["name"]]
     gain = lambda pts, g0: [p["gold"] - g0 for p in pts]
+    fit = lambda pts, form: fit_overopt([p["kl"] for p in pts], gain(pts, pts[0]["gold"]), form) if sum(p["kl"] > 0 for p in pts) >= 2 else None
     res = dict(args=dataclasses.asdict(a), pairs=len(data["train"]), held_out_pairs=len(data["held"]),
                proxies=[{k: v for k, v in p.items() if k != "proxy"} for p in proxies], bon=bon, rl=rl, dpo=dpo,
-               fits=dict(bon=fit_overopt([b["kl"] for b in bon], gain(bon, bon[0]["gold"]), "bon"),
-                         rl=fit_overopt([p["kl"] for p in ppo], gain(ppo, ppo[0]["gold"]), "rl")),
+               fits=dict(bon=fit(bon, "bon"), rl=fit(ppo, "rl"),            # None where a curve has under 2 points at KL > 0
+                         rl_by_proxy={q["name"]: fit([p for p in rl if p["algo"] == "ppo" and p["rm"] == q["name"]], "rl") for q in proxies}),
                toy=dict(bon=toy_curve, fit=fit_overopt([c["kl"] for c in toy_curve], [c["gold"] - toy_curve[0]["gold"] for c in toy_curve], "bon")))
     res["targets"], res["seconds"] = targets(res), round(time.time() - t0, 1)
     out.mkdir(parents=True, exist_ok=True)
@@ -273,15 +298,19 @@ def plot_overopt(res, path):
     b = res["bon"]; ax[0].plot(d(b), [p["gold"] for p in b], "o-", color="k", label="best-of-n (full proxy)")
     for algo, rm in runs:
         pts = [p for p in res["rl"] if p["algo"] == algo and p["rm"] == rm]
-        ax[0].plot(d(pts), [p["gold"] for p in pts], ".-", label=f"{algo} on {rm}")
-        ax[1].plot(d(pts), [p["proxy"] for p in pts], ".-", label=f"{algo} on {rm}")
+        (line,) = ax[0].plot(d(pts), [p["gold"] for p in pts], ".-", label=f"{algo} on {rm}")
+        ax[1].plot(d(pts), [p["proxy"] for p in pts], ".-", color=line.get_color(), label=f"{algo} on {rm}")
+        fit = res["fits"].get("rl_by_proxy", {rm: res["fits"]["rl"]} if rm == res["proxies"][0]["name"] else {}).get(rm)
+        if algo == "ppo" and fit:                                                        # each PPO curve with its RL fit
+            xs = torch.linspace(0.01, max(d(pts)), 100)
+            ax[0].plot(xs, pts[0]["gold"] + overopt_form(xs, **fit, form="rl"), "--", color=line.get_color(), lw=1)
     for algo in sorted({p["algo"] for p in res["dpo"]}):
         pts = [p for p in res["dpo"] if p["algo"] == algo]
         ax[0].plot(d(pts), [p["gold"] for p in pts], "s" if algo == "dpo" else "^", ms=8, label=f"{algo} (betas)")
-    ppo = [p for p in res["rl"] if p["algo"] == "ppo" and p["rm"] == res["proxies"][0]["name"]]
-    for form, pts, style in (("bon", b, "k--"), ("rl", ppo, "C0--")):                  # each fit over its own points' range
-        xs = torch.linspace(0.01, max(d(pts)), 100)
-        ax[0].plot(xs, pts[0]["gold"] + overopt_form(xs, **res["fits"][form], form=form), style, lw=1, label=f"fit: {form}")
+    if res["fits"]["bon"]:                                                                # each fit over its own points' range
+        xs = torch.linspace(0.01, max(d(b)), 100)
+        ax[0].plot(xs, b[0]["gold"] + overopt_form(xs, **res["fits"]["bon"], form="bon"), "k--", lw=1, label="fit: bon")
+    ax[0].plot([], [], "--", color="grey", lw=1, label="fit: rl (PPO, each proxy)")
     t, ax2 = res["toy"]["bon"], ax[2].twinx()
     ax[2].plot(d(t), [p["gold"] for p in t], "o-", label="gold (left)"); ax2.plot(d(t), [p["proxy"] for p in t], "o-", color="C1")
     ax[2].plot([p["bound"] ** 0.5 for p in t], [p["gold"] for p in t], "x", color="grey", label="gold at the KL bound")
@@ -298,8 +327,9 @@ def overopt_markdown(res):
     t, r1 = res["targets"], lambda x: "–" if x is None else f"{x:.2f}"
     lines = ["# Reward-model over-optimisation on arithmetic (rlhf-nb overopt)", "",
              f"{res['pairs']} gold pairs for training, {res['held_out_pairs']} held out; {res['seconds']:.0f} s.", "",
-             "| proxy | pairs | held-out gold-pair accuracy | PPO peak gold at KL |", "|---|---|---|---|"]
-    lines += [f"| {p['name']} | {p['pairs']} | {p['accuracy']:.3f} | {r1(t['peak_kl'][p['name']])} |" for p in res["proxies"]]
+             "| proxy | pairs | layers | held-out gold-pair accuracy | PPO peak gold at KL |", "|---|---|---|---|---|"]
+    lines += [f"| {p['name']} | {p['pairs']} | {p.get('layers', '–')} | {p['accuracy']:.3f} | {r1(t['peak_kl'][p['name']])} |"
+              for p in res["proxies"]]
     lines += ["", "| target | value |", "|---|---|"] + [f"| {k} | {json.dumps(v)} |" for k, v in t.items()]
     lines += ["", "| best-of-n n | KL (pool, exact) | bound | proxy | gold |", "|---|---|---|---|---|"]
     lines += [f"| {b['n']} | {b['kl']:.3f} | {b['kl_bound']:.3f} | {b['proxy']:.3f} | {b['gold']:.1f} |" for b in res["bon"]]

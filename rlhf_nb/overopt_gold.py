@@ -4,8 +4,9 @@
 
 # %% ../nbs/04e_overopt_gold.ipynb #ad363c40
 from __future__ import annotations
-import importlib, itertools, math, random, re
+import itertools, math, random, re
 import torch
+from .config import import_object
 from .data import DataError, Splits
 from .arith import make_arith
 from .models import decode_threads, intra_op_threads, load_causal_lm, load_tokenizer
@@ -29,7 +30,7 @@ def gold_score(answer, truth, w_correct=0.75):
     return w_correct * correct + (1 - w_correct) * neat
 
 # %% ../nbs/04e_overopt_gold.ipynb #16b1b270
-def gold_length(answer, truth, peak=14, width=4, w_correct=0.25):
+def gold_length(answer, truth, peak=18, width=6, w_correct=0.25):
     "Gold reward in [0, 1]: a parabola in len(answer) peaking at `peak` (zero `width` away), weight 1 - w_correct, plus w_correct if right."
     final = _FINAL.search(answer)
     correct = final is not None and int(final.group(1)) == int(truth)
@@ -39,11 +40,7 @@ def gold_length(answer, truth, peak=14, width=4, w_correct=0.25):
 # %% ../nbs/04e_overopt_gold.ipynb #5210782d
 def resolve_scorer(spec):
     "The gold scorer `spec` names: a function, or a 'module:function' string."
-    if callable(spec): return spec
-    mod, _, fn = str(spec).partition(":")
-    if not mod or not fn: raise ValueError(f"--gold {spec!r}: expected module:function, e.g. rlhf_nb.overopt_gold:gold_score")
-    try: return getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e: raise ValueError(f"--gold {spec!r}: {e}") from None
+    return spec if callable(spec) else import_object(spec, "--gold")
 
 def gold_scores(scorer, answers, truths):
     "`scorer(answer, truth)` of every pair as floats; ValueError naming the first that is NaN, infinite or not a number."
@@ -122,7 +119,7 @@ def temper(model, temperature):
     return model
 
 # %% ../nbs/04e_overopt_gold.ipynb #6d387ef2
-def gold_pairs(rows, answers, scorer=gold_score, temperature=0.1, noise=0.0, seed=0):
+def gold_pairs(rows, answers, scorer=gold_length, temperature=0.1, noise=0.0, seed=0):
     "Preference rows from sampled `answers` (a list per row): two answers of different gold, labelled by Bradley-Terry."
     rng, out = random.Random(f"gold-pairs|{seed}"), []
     for r, cands in zip(rows, answers, strict=True):
@@ -150,17 +147,18 @@ def check_gold_pairs(rows, source="pairs"):
     return rows
 
 # %% ../nbs/04e_overopt_gold.ipynb #d7f09407
-def prep_gold_pairs(n_train=4000, n_test=400, seed=0, temperature=0.1, noise=0.0, num_samples=4, policy_dir=None):
+def prep_gold_pairs(n_train=4000, n_test=400, seed=0, temperature=0.1, noise=0.0, num_samples=4, policy_dir=None,
+                    gold="rlhf_nb.overopt_gold:gold_length", start_temperature=2.0):
     "The gold-preference dataset as {'train', 'test'} preference rows, from answers of the SFT warm start (or `policy_dir`)."
-    path = policy_dir or sft_warm_start()
-    tok, model = load_tokenizer(path, verbose=False), load_causal_lm(path)
+    scorer, path = resolve_scorer(gold), policy_dir or sft_warm_start()
+    tok, model = load_tokenizer(path, verbose=False), temper(load_causal_lm(path), start_temperature)
     torch.manual_seed(seed)
     out = {}
     for split, n in (("train", n_train), ("test", n_test)):
         rows = make_arith(n, split, seed=seed)
         s = sample_answers(model, tok, [r["prompt"] for r in rows], n=num_samples)
         answers = [s["texts"][i * num_samples:(i + 1) * num_samples] for i in range(len(rows))]
-        out[split] = gold_pairs(rows, answers, temperature=temperature, noise=noise, seed=seed if split == "train" else seed + 1)
+        out[split] = gold_pairs(rows, answers, scorer, temperature, noise, seed=seed if split == "train" else seed + 1)
     return Splits(**out)
 
 # %% ../nbs/04e_overopt_gold.ipynb #ec7850fc

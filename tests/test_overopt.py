@@ -60,21 +60,21 @@ def test_gold_labeller_bradley_terry():
     assert bt_prob(1.0, 0.0, temperature=1e-3, noise=0.2) == pytest.approx(0.8)
     rows = make_arith(400, "train")
     answers = [[f"{r['reward_model']['ground_truth']} #### {r['reward_model']['ground_truth']}", "0 #### 1"] for r in rows]
-    pairs = gold_pairs(rows, answers, temperature=1.0, seed=3)          # gold 1.0 vs 0.0: P(correct first) = sigmoid(1)
+    pairs = gold_pairs(rows, answers, gold_score, temperature=1.0, seed=3)          # gold 1.0 vs 0.0: P(correct first) = sigmoid(1)
     frac = sum(p["extra_info"]["gold_chosen"] == 1.0 for p in pairs) / len(pairs)
     assert abs(frac - 1 / (1 + math.exp(-1))) < 0.07
     assert gold_score("12 #### 12", "12") == 1.0 and gold_score("12 #### 13", "12") == 0.0
 
 
 def test_gold_length_shape():
-    "The default gold: concave in the answer's length with its peak at 14 characters, plus a smaller weight for correctness."
-    g = {n: gold_length("9" * n, 81) for n in range(4, 26)}
-    assert max(g, key=g.get) == 14 and g[14] == pytest.approx(0.75)
-    assert g[10] == g[18] == 0 and g[12] == g[16] == pytest.approx(0.75 * 0.75)      # zero 4 away, symmetric
-    rise = [g[n + 1] - g[n] for n in range(10, 18)]
+    "The default gold: concave in the answer's length with its peak at 18 characters, plus a smaller weight for correctness."
+    g = {n: gold_length("9" * n, 81) for n in range(4, 30)}
+    assert max(g, key=g.get) == 18 and g[18] == pytest.approx(0.75)
+    assert g[12] == g[24] == 0 and g[15] == g[21] == pytest.approx(0.75 * 0.75)     # zero 6 away, symmetric
+    rise = [g[n + 1] - g[n] for n in range(12, 24)]
     assert all(a > b for a, b in zip(rise, rise[1:]))                              # concave: every step smaller
-    assert gold_length("81 ######## 81", "81") == 1.0 and gold_length("81 #### 81", "81") == pytest.approx(0.25)
-    assert gold_length("81 ######## 82", "81") == pytest.approx(0.75)              # length alone without the right number
+    assert gold_length("81 ############ 81", "81") == 1.0 and gold_length("81 ###### 81", "81") == pytest.approx(0.25)
+    assert gold_length("81 ############ 82", "81") == pytest.approx(0.75)          # length alone without the right number
     assert OveroptArgs().gold == "rlhf_nb.overopt_gold:gold_length" and OveroptArgs().start_temperature == 2.0
 
 
@@ -118,12 +118,13 @@ ROW = {"data_source": "arith", "prompt": [{"role": "user", "content": "Q: 1+2="}
     ("missing", "rejected"),
     ("equal", "chosen and rejected are the same answer"),
     ("exists", "holds an earlier run's overopt.json"),
+    ("layers", "--rm_layers 3: the policy has 1 layer(s)"),
 ])
 def test_bad_input_one_line(case, needle, capsys, tmp_path, policy_dir, monkeypatch):
     monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
     base = ["--policy_dir", policy_dir, "--output_dir", tmp_path / "out", "--n_prompts", 10, "--eval_prompts", 8, "--pool", 8,
-            "--bon_ns", "1,2"]
-    extra = {"pool": ["--bon_ns", "1,64"], "nan": ["--gold", "_overopt_gold:nan_gold"],
+            "--bon_ns", "1,2", "--rm_layers", ""]
+    extra = {"pool": ["--bon_ns", "1,64"], "nan": ["--gold", "_overopt_gold:nan_gold"], "layers": ["--rm_layers", "3"],
              "missing": ["--pairs", _pairs(tmp_path, [{**ROW, "chosen": "3 #### 3"}])],
              "equal": ["--pairs", _pairs(tmp_path, [{**ROW, "chosen": "3 #### 3", "rejected": "3 #### 3"}])], "exists": []}[case]
     if case == "exists": (tmp_path / "out").mkdir(); (tmp_path / "out" / "overopt.json").write_text("{}")
@@ -131,3 +132,44 @@ def test_bad_input_one_line(case, needle, capsys, tmp_path, policy_dir, monkeypa
     assert rc == 2 and len(err) == 1 and needle in err[0], (rc, err)
     if case != "exists": assert not (tmp_path / "out" / "overopt.json").exists()             # nothing written
     else: assert (tmp_path / "out" / "overopt.json").read_text() == "{}"                 # the earlier run's file is kept
+
+
+def test_prep_arith_gold_labels_with_the_experiments_gold(policy_dir, monkeypatch):
+    "`rlhf-nb prep arith-gold` writes pairs labelled by the experiment's gold (gold_length unless --gold names another)."
+    from rlhf_nb.overopt_gold import prep_gold_pairs
+    sp = prep_gold_pairs(n_train=30, n_test=10, policy_dir=policy_dir)
+    rows = sp["train"] + sp["test"]
+    assert rows and all(r["chosen"] != r["rejected"] for r in rows)
+    for r in rows:
+        t, x = r["reward_model"]["ground_truth"], r["extra_info"]
+        assert x["gold_chosen"] == pytest.approx(gold_length(r["chosen"], t))
+        assert x["gold_rejected"] == pytest.approx(gold_length(r["rejected"], t))
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    sc = prep_gold_pairs(n_train=30, n_test=10, policy_dir=policy_dir, gold="_overopt_gold:short_gold")["train"]
+    assert sc and all(r["extra_info"]["gold_chosen"] == -len(r["chosen"]) for r in sc)
+    with pytest.raises(ValueError, match="--gold"): prep_gold_pairs(n_train=3, n_test=3, policy_dir=policy_dir, gold="nope:x")
+
+
+def test_overopt_end_to_end_on_a_tiny_policy(tmp_path):
+    "The whole command on a tiny 2-layer policy: the three files, the issue's schema, and one PPO curve per proxy."
+    pol = tmp_path / "policy"
+    tok = ensure_chat_ready(char_tokenizer(), verbose=False)
+    tiny_causal_lm(tok, seed=0, hidden_size=32, intermediate_size=64, num_hidden_layers=2).save_pretrained(pol)
+    tok.save_pretrained(pol)
+    out = tmp_path / "out"
+    rc = launch._main(["overopt", "--policy_dir", str(pol), "--output_dir", str(out), "--n_prompts", "40", "--rm_pairs", "20,5",
+                       "--rm_layers", "1", "--rm_steps", "2", "--rl_algos", "ppo,grpo", "--rl_steps", "2", "--eval_every", "1",
+                       "--eval_prompts", "8", "--dpo_betas", "0.1", "--ipo", "false", "--dpo_steps", "2", "--pool", "4",
+                       "--bon_ns", "1,2,4"])
+    assert rc == 0 and all((out / f"overopt.{e}").exists() for e in ("json", "md", "png"))
+    res = json.loads((out / "overopt.json").read_text())
+    assert [p["name"] for p in res["proxies"]] == ["rm20", "rm5", "rm20_L1"] and res["proxies"][2]["layers"] == 1
+    assert {(p["algo"], p["rm"]) for p in res["rl"]} == {("ppo", "rm20"), ("grpo", "rm20"), ("ppo", "rm5"), ("ppo", "rm20_L1")}
+    assert all(set(p) >= {"algo", "step", "kl", "proxy", "gold"} for p in res["rl"])
+    assert [b["n"] for b in res["bon"]] == [1, 2, 4] and all(set(b) >= {"n", "kl", "proxy", "gold"} for b in res["bon"])
+    assert [(d["algo"], d["beta"]) for d in res["dpo"]] == [("dpo", 0.1)] and set(res["dpo"][0]) >= {"kl", "proxy", "gold"}
+    assert set(res["fits"]) >= {"bon", "rl"} and set(res["fits"]["bon"]) == {"alpha", "beta"}
+    assert set(res["fits"]["rl_by_proxy"]) == {"rm20", "rm5", "rm20_L1"}
+    t = res["targets"]
+    assert t["bon_kl_under_bound"] and set(t["peak_reached"]) == {"rm20", "rm5", "rm20_L1"}
+    assert "rm20_L1_drop_from_peak" in t and "rm5_proxy_rise" in t
