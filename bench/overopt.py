@@ -3,6 +3,7 @@
     python bench/overopt.py                    # the full run (defaults)               -> bench/results_overopt.{json,md,png}
     python bench/overopt.py --quick            # the quick run (about 3 minutes)      -> bench/results_overopt_quick.*
     python bench/overopt.py --from_dir DIR     # keep the files of a run already made with `rlhf-nb overopt --output_dir DIR`
+    python bench/overopt.py --from_dir DIR --stem results_overopt_seed1   # ... under another name (a second seed)
     python bench/overopt.py --plot_only        # redraw the figure and rewrite the table from the json
 
 The run is exactly `rlhf-nb overopt [--quick] --output_dir bench/_work/overopt`; this script only times it and copies
@@ -21,8 +22,9 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="the quick run")
     p.add_argument("--from_dir", help="copy the outputs of an existing `rlhf-nb overopt --output_dir DIR` run")
     p.add_argument("--plot_only", action="store_true", help="redraw the figure and the table from the json")
+    p.add_argument("--stem", help="the results' file name without extension (default results_overopt[_quick])")
     a = p.parse_args(argv)
-    stem = "results_overopt_quick" if a.quick else "results_overopt"
+    stem = a.stem or ("results_overopt_quick" if a.quick else "results_overopt")
     if a.plot_only:
         from rlhf_nb.overopt import overopt_markdown, plot_overopt
         res = json.loads((HERE / f"{stem}.json").read_text())

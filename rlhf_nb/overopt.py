@@ -35,7 +35,7 @@ __all__ = ['QUICK', 'OveroptArgs', 'quick_args', 'check_args', 'measure', 'sampl
 class OveroptArgs(OverwriteArgs):
     "The over-optimisation experiment: gold pairs, proxy reward models, RL/DPO/best-of-n policies, curves and fits."
     output_dir: str = option("runs/overopt", "Where overopt.json, overopt.png and overopt.md are written.")
-    quick: bool = option(False, "Small sizes for every setting left at its default (about 3 minutes on 2 CPU cores).")
+    quick: bool = option(False, "Small sizes for every setting left at its default (about 4 minutes on 2 CPU cores).")
     seed: int = option(0, "Seed of sampling, labels, reward models and policies.")
     policy_dir: Optional[str] = option(None, "The starting policy (KL 0); default: the SFT warm start, built once and cached.")
     gold: str = option("rlhf_nb.overopt_gold:gold_length", "Gold scorer as module:function, fn(answer, truth) -> float.")
