@@ -25,10 +25,10 @@ from .overopt_gold import (resolve_scorer, temper, gold_scores, sample_answers, 
                                   toy_domain, toy_bon_curve)
 
 # %% auto #0
-__all__ = ['QUICK', 'OveroptArgs', 'quick_args', 'check_args', 'measure', 'sample_gold_pairs', 'gold_accuracy', 'keep_layers',
-           'train_proxy', 'rl_config', 'rl_curve', 'dpo_point', 'pool_bon_kl', 'bon_points', 'experiment_data',
-           'experiment_proxies', 'experiment_runs', 'targets', 'overopt_run', 'plot_overopt', 'overopt_markdown',
-           'overopt_main']
+__all__ = ['QUICK', 'OveroptArgs', 'quick_args', 'check_args', 'measure', 'sample_gold_pairs', 'gold_accuracy', 'check_layers',
+           'keep_layers', 'train_proxy', 'rl_config', 'rl_curve', 'dpo_point', 'pool_bon_kl', 'bon_points',
+           'experiment_data', 'experiment_proxies', 'experiment_runs', 'targets', 'overopt_run', 'plot_overopt',
+           'overopt_markdown', 'overopt_main']
 
 # %% ../nbs/04f_overopt.ipynb #c12d044a
 @dataclass
@@ -111,11 +111,15 @@ def gold_accuracy(proxy, pairs):
     sh, sl = proxy(prompts, hi)[0], proxy(prompts, lo)[0]
     return float(((sh > sl).float() + 0.5 * (sh == sl).float()).mean())
 
+def check_layers(k, n):
+    "ValueError unless a smaller proxy of `k` layers can be cut from a policy of `n`: 1 <= k < n."
+    if not 1 <= k < n: raise ValueError(f"--rm_layers {k}: the policy has {n} layer(s); a smaller proxy keeps fewer, at least 1 "
+                                        "(--rm_layers '' for none)")
+
 def keep_layers(model, k):
     "`model` (changed in place) with only the first `k` of its backbone's decoder layers; ValueError if it has no more than k."
     base = getattr(model, model.base_model_prefix)
-    n = len(base.layers)
-    if not 1 <= k < n: raise ValueError(f"--rm_layers {k}: the policy has {n} layer(s); a smaller proxy keeps fewer, at least 1")
+    check_layers(k, len(base.layers))
     base.layers = base.layers[:k]
     model.config.num_hidden_layers = k
     if getattr(model.config, "layer_types", None): model.config.layer_types = model.config.layer_types[:k]
@@ -262,23 +266,19 @@ def overopt_run(a):
     scorer, out = parsed["scorer"], Path(a.output_dir)
     path = a.policy_dir or sft_warm_start()
     tok, start = load_tokenizer(path, verbose=False), temper(load_causal_lm(path).eval(), a.start_temperature)
-    n = start.config.num_hidden_layers
-    for k in parsed["rm_layers"]:                                         # before any sampling: one line
-        if k >= n: raise ValueError(f"--rm_layers {k}: the policy has {n} layer(s); a smaller proxy keeps fewer, at least 1 "
-                                    "(--rm_layers '' for none)")
+    for k in parsed["rm_layers"]: check_layers(k, start.config.num_hidden_layers)   # before any sampling: one line
     data = experiment_data(a, start, tok, scorer)
     proxies = experiment_proxies(a, start, tok, data, parsed["rm_pairs"], parsed["rm_layers"])
     with tempfile.TemporaryDirectory(prefix="overopt-") as tmp:
         rl, dpo, bon = experiment_runs(a, start, tok, data, proxies, parsed, scorer, tmp)
     toy = toy_domain(seed=a.seed)
     toy_curve = toy_bon_curve(toy)
-    ppo = [p for p in rl if p["algo"] == "ppo" and p["rm"] == proxies[0]["name"]]
     gain = lambda pts, g0: [p["gold"] - g0 for p in pts]
     fit = lambda pts, form: fit_overopt([p["kl"] for p in pts], gain(pts, pts[0]["gold"]), form) if sum(p["kl"] > 0 for p in pts) >= 2 else None
+    by_proxy = {q["name"]: fit([p for p in rl if p["algo"] == "ppo" and p["rm"] == q["name"]], "rl") for q in proxies}
     res = dict(args=dataclasses.asdict(a), pairs=len(data["train"]), held_out_pairs=len(data["held"]),
                proxies=[{k: v for k, v in p.items() if k != "proxy"} for p in proxies], bon=bon, rl=rl, dpo=dpo,
-               fits=dict(bon=fit(bon, "bon"), rl=fit(ppo, "rl"),            # None where a curve has under 2 points at KL > 0
-                         rl_by_proxy={q["name"]: fit([p for p in rl if p["algo"] == "ppo" and p["rm"] == q["name"]], "rl") for q in proxies}),
+               fits=dict(bon=fit(bon, "bon"), rl=by_proxy[proxies[0]["name"]], rl_by_proxy=by_proxy),   # None: under 2 points at KL > 0
                toy=dict(bon=toy_curve, fit=fit_overopt([c["kl"] for c in toy_curve], [c["gold"] - toy_curve[0]["gold"] for c in toy_curve], "bon")))
     res["targets"], res["seconds"] = targets(res), round(time.time() - t0, 1)
     out.mkdir(parents=True, exist_ok=True)
@@ -300,7 +300,7 @@ def plot_overopt(res, path):
         pts = [p for p in res["rl"] if p["algo"] == algo and p["rm"] == rm]
         (line,) = ax[0].plot(d(pts), [p["gold"] for p in pts], ".-", label=f"{algo} on {rm}")
         ax[1].plot(d(pts), [p["proxy"] for p in pts], ".-", color=line.get_color(), label=f"{algo} on {rm}")
-        fit = res["fits"].get("rl_by_proxy", {rm: res["fits"]["rl"]} if rm == res["proxies"][0]["name"] else {}).get(rm)
+        fit = res["fits"]["rl_by_proxy"].get(rm)
         if algo == "ppo" and fit:                                                        # each PPO curve with its RL fit
             xs = torch.linspace(0.01, max(d(pts)), 100)
             ax[0].plot(xs, pts[0]["gold"] + overopt_form(xs, **fit, form="rl"), "--", color=line.get_color(), lw=1)
