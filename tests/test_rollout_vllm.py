@@ -154,24 +154,29 @@ def test_a_server_that_dies_mid_run(vpy, tmp_path):
                     "from rlhf_nb.rollout import save_for_engine; t = char_tokenizer(); save_for_engine(tiny_causal_lm(t), t, sys.argv[1])",
                     str(model)], check=True, env=ENV, timeout=300)
     port = free_port()
+    # Output goes to files, not pipes: a pipe nobody reads fills (64 KiB) and stalls the writer, which looks like no checkpoint.
+    server_log, trainer_err = open(tmp_path / "server.log", "w"), open(tmp_path / "trainer.err", "w+")
     server = subprocess.Popen([vpy, "-m", "rlhf_nb.launch", "vllm-serve", "--model", str(model), "--port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+                              stdout=server_log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     run = tmp_path / "run"
     trainer = subprocess.Popen([sys.executable, "-m", "rlhf_nb.launch", "grpo", "--model_name_or_path", str(model),
                                 "--rollout_engine", "vllm", "--vllm_mode", "server", "--vllm_server_port", str(port),
                                 "--vllm_server_timeout", "300", "--max_steps", "500", "--save_steps", "1",
-                                "--output_dir", str(run), *TINY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+                                "--output_dir", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=trainer_err, text=True, env=ENV, cwd=tmp_path)
+    err_text = lambda: (tmp_path / "trainer.err").read_text()
     try:
         t0 = time.time()
         while not (run / "checkpoint-2").exists():
-            assert trainer.poll() is None, trainer.communicate()[1][-3000:]
+            assert trainer.poll() is None, err_text()[-3000:]
             assert time.time() - t0 < 300, "no checkpoint-2 within 300 s"
             time.sleep(0.5)
         os.killpg(server.pid, signal.SIGKILL); server.wait()
-        _, err = trainer.communicate(timeout=300)
+        trainer.wait(timeout=300)
+        err = err_text()
     finally:
         for p in (trainer, server):
             if p.poll() is None: p.kill()
+        server_log.close(); trainer_err.close()
     assert trainer.returncode == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     line = [l for l in err.splitlines() if l.startswith("rlhf-nb")][-1]
