@@ -19,7 +19,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 
 
-EXECUTED = ("05_loss_zoo", "01g_placement", "00f_tracking", "04b_health")
+EXECUTED = ("05_loss_zoo", "01g_placement", "00h_tracking", "04b_health")
 
 
 @pytest.fixture(scope="module")

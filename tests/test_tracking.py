@@ -51,8 +51,8 @@ def test_dpo_reports_to_tensorboard(tmp_path):
 
 
 def metric_table():
-    "The markdown of the metric table's section in nbs/00f_tracking.ipynb."
-    nb = json.loads((Path(__file__).resolve().parents[1] / "nbs" / "00f_tracking.ipynb").read_text())
+    "The markdown of the metric table's section in nbs/00h_tracking.ipynb."
+    nb = json.loads((Path(__file__).resolve().parents[1] / "nbs" / "00h_tracking.ipynb").read_text())
     md = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown"]
     return next(m for m in md if m.startswith("## Every metric, one name"))
 
@@ -68,7 +68,7 @@ def test_every_logged_metric_has_one_documented_name(tmp_path, algo, extra):
     assert r.returncode == 0, r.stderr[-3000:]
     keys = {k for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines() for k in json.loads(l)}
     table = metric_table()
-    assert not [k for k in keys if not documented_metric(k, table)], "metrics missing from the table in nbs/00f_tracking.ipynb"
+    assert not [k for k in keys if not documented_metric(k, table)], "metrics missing from the table in nbs/00h_tracking.ipynb"
     assert not [k for k in keys if k.startswith("reward/reward/") or k in ("reward/response_length/mean", "response_length/mean")]
     if algo != "dpo": assert {"score/mean", "score/min", "reward/mean", "reward/arith/mean", "kl/mean"} <= keys
 
