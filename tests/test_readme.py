@@ -17,6 +17,6 @@ def test_ci_runs_the_readme_test_command():
     assert "README.md" in (ROOT / ".ci" / "run").read_text()
 
 def test_every_notebook_has_a_row_in_the_readme_table():
-    rows = set(re.findall(r"^\| `([\w.-]+)` \|", (ROOT / "README.md").read_text(), re.M))
+    rows = set(re.findall(r"^\| \[?`([\w.-]+)`(?:\]\(nbs/\1\.ipynb\))? \|", (ROOT / "README.md").read_text(), re.M))
     missing = sorted(p.stem for p in (ROOT / "nbs").glob("*.ipynb") if p.stem != "index" and p.stem not in rows)
     assert not missing, f"notebooks missing from the README's table (nbs/index.ipynb): {missing}"
