@@ -17,8 +17,8 @@ from .workers import Role
 # %% auto #0
 __all__ = ['IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'check_async_args', 'sampler_copy',
            'published_weights', 'batch_params', 'needs_sampler_logprobs', 'check_batch_logprobs', 'colocated_producer',
-           'staleness_metrics', 'in_flight_state', 'start_producer', 'policy_state', 'load_on_host', 'sample_on_host',
-           'shard_batches']
+           'staleness_metrics', 'SampledAhead', 'in_flight_state', 'start_producer', 'policy_state', 'load_on_host',
+           'sample_on_host', 'shard_batches']
 
 # %% ../nbs/01fs_async.ipynb #29738a56
 def sampling_version(step, max_staleness):
@@ -183,6 +183,21 @@ def staleness_metrics(step, versions, producer):
     producer._waits_logged = (producer.trainer_wait, producer.sampler_wait)
     return {"staleness/mean": sum(st) / len(st), "staleness/max": max(st),
             "time/trainer_wait": producer.trainer_wait - last[0], "time/sampler_wait": producer.sampler_wait - last[1]}
+
+# %% ../nbs/01fs_async.ipynb #29afdb90
+class SampledAhead:
+    "The asynchronous batch source: batches the producer sampled ahead, at most `max_staleness` versions old."
+    def __init__(self, producer): self.producer = producer
+
+    def next(self, t):
+        "-> (data, reward metrics, the source's metrics) of step `global_step + 1`, as the producer sampled and scored it."
+        t0 = time.perf_counter(); got = self.producer.take(t.global_step + 1); waited = time.perf_counter() - t0
+        return got["data"], got["reward_metrics"], {"time/rollout": waited, "time/reward": 0.0,
+                                                    **staleness_metrics(t.global_step + 1, [got["version"]], self.producer)}
+
+    def publish(self, t):
+        "After the update: the producer gets a copy of the weights as version `global_step + 1` -> {'time/sync': seconds}."
+        return {"time/sync": self.producer.publish_timed(t.global_step + 1, lambda: published_weights(t.unwrapped_policy))}
 
 # %% ../nbs/01fs_async.ipynb #9da2e2e5
 IN_FLIGHT_FILE = "rollouts_in_flight.pt"

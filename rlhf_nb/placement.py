@@ -458,6 +458,9 @@ class LocalPlacement:
     remote, world = False, None
     def __init__(self, args): self.args = args
     def shutdown(self): pass
+    def step(self, t):
+        "One RL step in this process: the trainer's own step list."
+        return t.step()
 
     def build_workers(self, t):
         "Every worker in this process; FSDP2 workers for the actor and critic when the run shards."

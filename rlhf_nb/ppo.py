@@ -30,11 +30,11 @@ from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, Re
 from .placement import make_placement
 from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, ratio_inputs, logs_sampling_gap
 from .rl_config import PPOConfig, resolve_critic, run_kind
-from .async_rl import start_producer, in_flight_state, staleness_metrics, published_weights, IN_FLIGHT_FILE
+from .async_rl import start_producer, in_flight_state, SampledAhead, IN_FLIGHT_FILE
 
 # %% auto #0
-__all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'RLTrainer', 'agg_units', 'loss_weights', 'mini_batch_metrics',
-           'update_metrics', 'ppo_main']
+__all__ = ['DEFAULT_ROLE_WORKERS', 'TOKEN_MEAN_STATS', 'RLTrainer', 'SampleNow', 'agg_units', 'loss_weights',
+           'mini_batch_metrics', 'update_metrics', 'ppo_main']
 
 # %% ../nbs/02_ppo.ipynb #a4265c3a
 DEFAULT_ROLE_WORKERS = {Role.ActorRollout: ActorRolloutWorker, Role.Critic: CriticWorker, Role.RefPolicy: RefPolicyWorker,
@@ -50,6 +50,7 @@ class RLTrainer:
         self.resource_pool_manager, self.reward_fn, self.val_reward_fn = resource_pool_manager, reward_fn, val_reward_fn
         self.role_worker_mapping = {**DEFAULT_ROLE_WORKERS, **(role_worker_mapping or {})}
         self.workers, self.run_log, self.async_rollouts = {}, None, None   # async_rollouts: the sampler thread of max_staleness > 0
+        self.batches = SampleNow()                                       # where each step's batch comes from
         self.global_step, self.sampler_state, self._initialised = 0, {"epoch": 0, "offset": 0}, False
 
     @property
@@ -58,27 +59,36 @@ class RLTrainer:
 # %% ../nbs/02_ppo.ipynb #52cbe6d3
 @patch
 def step(self: RLTrainer):
-    "One RL step: rollout → rewards → (group filter) → log-probs and values → advantages → update. -> metrics"
-    if self.placement.remote: return self.placement.step(self)          # the same list, each role on its Ray pool
+    "One RL step: a scored batch → (group filter) → log-probs and values → advantages → update → weights to the sampler."
     t0 = time.perf_counter()
-    if self.async_rollouts is None:
-        data = self.generate_sequences(self.next_batch()); t1 = time.perf_counter()
-        data, rm_metrics = self.compute_scores(data); t2 = time.perf_counter()
-    else: got = self.async_rollouts.take(self.global_step + 1); data, rm_metrics = got["data"], got["reward_metrics"]; t1 = t2 = time.perf_counter()
+    data, rm_metrics, source_metrics = self.batches.next(self)           # sampled and scored (`SampleNow`, or ahead)
     scores = data["token_level_scores"].sum(-1)                          # the whole sampled batch
+    t1 = time.perf_counter()
     data, filter_metrics = self.filter_groups(data)
-    data = self.compute_log_probs_and_values(data); t3 = time.perf_counter()
+    data = self.compute_log_probs_and_values(data); t2 = time.perf_counter()
     data = self.compute_advantages(data)
-    upd = self.update(data); t4 = time.perf_counter()
-    sync = self.sync_rollout_weights(); t5 = time.perf_counter()           # the sampler gets the new weights
+    upd = self.update(data); t3 = time.perf_counter()
+    source_metrics.update(self.batches.publish(self))                     # the sampler gets the new weights
     m = self.step_metrics(data, scores, upd, {**rm_metrics, **filter_metrics})
-    m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t5 - t0,
-              **({"time/sync": sync} if self.config.rollout_engine != "hf" or self.async_rollouts else {}),
-              **(staleness_metrics(self.global_step + 1, [got["version"]], self.async_rollouts) if self.async_rollouts else {})})
+    m.update({"time/logprobs": t2 - t1, "time/update": t3 - t2, "time/step": time.perf_counter() - t0, **source_metrics})
     if self.world > 1: m = merge_rank_metrics(gather_object([m]))
     if "kl/mean" in m and self.config.adaptive_kl: self.kl_ctl.update(m["kl/mean"], self.config.episodes_per_step * self.world)
     self.record_samples(data)
     return m
+
+# %% ../nbs/02_ppo.ipynb #547d3c3d
+class SampleNow:
+    "The synchronous batch source: this step's prompts, sampled with the current weights, then scored."
+    def next(self, t):
+        "-> (data, reward metrics, the source's metrics): `next_batch` → `generate_sequences` → `compute_scores`."
+        t0 = time.perf_counter(); data = t.generate_sequences(t.next_batch()); t1 = time.perf_counter()
+        data, rm_metrics = t.compute_scores(data)
+        return data, rm_metrics, {"time/rollout": t1 - t0, "time/reward": time.perf_counter() - t1}
+
+    def publish(self, t):
+        "After the update: the engine gets the policy's weights as version `global_step + 1` -> metrics."
+        sec = sync_policy(t.rollout, t.unwrapped_policy, t.global_step + 1)
+        return {} if t.config.rollout_engine == "hf" else {"time/sync": sec}
 
 # %% ../nbs/02_ppo.ipynb #eb959cc1
 def agg_units(response_mask, loss_agg_mode):
@@ -369,13 +379,6 @@ def compute_scores(self: RLTrainer, data):
     data["token_level_scores"], metrics = self.workers[Role.RewardModel].compute_scores(data)
     return data, metrics or {}
 
-# %% ../nbs/02_ppo.ipynb #a71fa629
-@patch
-def sync_rollout_weights(self: RLTrainer):
-    "Give the rollout engine the policy's weights as version `global_step + 1` (shared hf engine: the version only); -> seconds."
-    if self.async_rollouts is not None: return self.async_rollouts.publish_timed(self.global_step + 1, lambda: published_weights(self.unwrapped_policy))
-    return sync_policy(self.rollout, self.unwrapped_policy, self.global_step + 1)
-
 # %% ../nbs/02_ppo.ipynb #b1a0ef6a
 @patch
 def filter_groups(self: RLTrainer, data):
@@ -562,7 +565,8 @@ def _fit(self: RLTrainer):
     if acc.is_main_process: cut_samples(cfg.output_dir, self.global_step)     # a resumed run replays the steps after its checkpoint
     acc.wait_for_everyone()
     self.async_rollouts = start_producer(self)                           # max_staleness > 0: the sampler runs ahead on its own
-    def step(n): m = self.step(); self.global_step = n; return m
+    if self.async_rollouts is not None: self.batches = SampledAhead(self.async_rollouts)
+    def step(n): m = self.placement.step(self); self.global_step = n; return m   # Ray: the list over the pools
     RunLoop(step, cfg.max_steps, self.global_step, evaluate=self.evaluate if cfg.eval_steps and self.eval_dataset else None,
             eval_due=lambda n: n % cfg.eval_steps == 0, eval_at_start=bool(cfg.eval_steps), log=self.run_log.log,
             log_due=lambda n: n % cfg.logging_steps == 0, save=lambda n: self.save_checkpoint(), save_steps=cfg.save_steps,
@@ -580,7 +584,7 @@ def fit(self: RLTrainer):
     try:
         with RunGuard(self.config.output_dir, self.accelerator) as self._stop: return self._fit()
     finally:
-        if self.async_rollouts is not None: self.async_rollouts.stop(); self.async_rollouts = None
+        if self.async_rollouts is not None: self.async_rollouts.stop(); self.async_rollouts, self.batches = None, SampleNow()
         if getattr(self, "rollout", None) is not None: self.rollout.shutdown()   # a server rlhf-nb started stops with the run
 
 # %% ../nbs/02_ppo.ipynb #00d4282c
