@@ -62,8 +62,7 @@ def step(self: RLTrainer):
     "One RL step: a scored batch → (group filter) → log-probs and values → advantages → update → weights to the sampler."
     t0 = time.perf_counter()
     data, rm_metrics, source_metrics = self.batches.next(self)           # sampled and scored (`SampleNow`, or ahead)
-    scores = data["token_level_scores"].sum(-1)                          # the whole sampled batch
-    t1 = time.perf_counter()
+    scores, t1 = data["token_level_scores"].sum(-1), time.perf_counter()  # scores of the whole sampled batch
     data, filter_metrics = self.filter_groups(data)
     data = self.compute_log_probs_and_values(data); t2 = time.perf_counter()
     data = self.compute_advantages(data)
@@ -84,7 +83,6 @@ class SampleNow:
         t0 = time.perf_counter(); data = t.generate_sequences(t.next_batch()); t1 = time.perf_counter()
         data, rm_metrics = t.compute_scores(data)
         return data, rm_metrics, {"time/rollout": t1 - t0, "time/reward": time.perf_counter() - t1}
-
     def publish(self, t):
         "After the update: the engine gets the policy's weights as version `global_step + 1` -> metrics."
         sec = sync_policy(t.rollout, t.unwrapped_policy, t.global_step + 1)
@@ -559,7 +557,6 @@ def _rl_postfix(m):
 @patch
 def _fit(self: RLTrainer):
     "The loop of `fit`: `max_steps` RL steps (or until `max_seconds` or a stop signal) in the engine's `RunLoop`."
-    if not self._initialised: self.init_workers()
     cfg, acc = self.config, self.accelerator
     self.run_log = RunLog(cfg.output_dir, cfg.report_to, dataclasses.asdict(cfg), acc.is_main_process).open(self.global_step)
     if acc.is_main_process: cut_samples(cfg.output_dir, self.global_step)     # a resumed run replays the steps after its checkpoint
