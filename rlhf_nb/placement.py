@@ -18,11 +18,11 @@ from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load
 
 # %% auto #0
 __all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
-           'ResourcePoolManager', 'run_roles', 'complete_pools', 'require_ray', 'check_placement', 'WorkerLost',
-           'start_ray', 'RoleHost', 'build_host_trainer', 'worker_method', 'worker_attr', 'last_lr', 'prepare_update',
-           'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole', 'RayPlacement',
-           'fsdp_wanted', 'LocalPlacement', 'check_rollout_pool', 'make_placement', 'plot_placements', 'step_timeline',
-           'plot_step_timeline']
+           'ResourcePoolManager', 'run_roles', 'complete_pools', 'require_ray', 'check_placement', 'plot_placements',
+           'step_timeline', 'plot_step_timeline', 'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer',
+           'worker_method', 'worker_attr', 'last_lr', 'prepare_update', 'role_update', 'save_role', 'load_role',
+           'WorkerGroup', 'wait_all', 'RemoteRole', 'RayPlacement', 'fsdp_wanted', 'LocalPlacement',
+           'check_rollout_pool', 'make_placement']
 
 # %% ../nbs/01g_placement.ipynb #41d03e48
 PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout)
@@ -137,6 +137,57 @@ def check_placement(args):
     if args.placement == "colocate" and args.fsdp == "on": raise ConfigError("fsdp: on needs placement: accelerate")
     if args.ray_cpus_per_worker < 1: raise ConfigError(f"ray_cpus_per_worker must be >= 1, got {args.ray_cpus_per_worker}")
     return rpm
+
+# %% ../nbs/01g_placement.ipynb #ef836029
+PLACEMENT_LAYOUTS = {
+    "colocate": {"process 0": ["ActorRollout", "RefPolicy", "Critic", "Reward"]},
+    "accelerate (DDP / FSDP2)": {"rank 0": ["ActorRollout", "RefPolicy", "Critic", "Reward"], "rank 1": ["ActorRollout", "RefPolicy", "Critic", "Reward"]},
+    "ray split": {"driver": ["step list", "Reward"], "actor_pool / 0": ["ActorRollout", "RefPolicy"], "critic_pool / 0": ["Critic"]},
+}
+ROLE_COLOURS = {"ActorRollout": "tab:blue", "RefPolicy": "tab:cyan", "Critic": "tab:orange", "Reward": "tab:green", "step list": "tab:gray"}
+
+def plot_placements(layouts=PLACEMENT_LAYOUTS):
+    "One panel per placement: a box per process (or Ray worker), the roles it holds stacked inside; -> figure."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(layouts), figsize=(4 * len(layouts), 2.8))
+    for ax, (name, procs) in zip(axes, layouts.items()):
+        for i, (proc, roles) in enumerate(procs.items()):
+            ax.add_patch(plt.Rectangle((i * 1.1, 0), 1, len(roles) * 0.5 + 0.3, fill=False))
+            ax.text(i * 1.1 + 0.5, len(roles) * 0.5 + 0.4, proc, ha="center", fontsize=8)
+            for j, r in enumerate(roles):
+                ax.add_patch(plt.Rectangle((i * 1.1 + 0.05, 0.1 + j * 0.5), 0.9, 0.42, color=ROLE_COLOURS.get(r, "tab:purple"), alpha=0.7))
+                ax.text(i * 1.1 + 0.5, 0.3 + j * 0.5, r, ha="center", va="center", fontsize=8)
+        ax.set_xlim(-0.1, len(procs) * 1.1); ax.set_ylim(0, 2.7); ax.axis("off"); ax.set_title(name)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/01g_placement.ipynb #f1db72de
+def step_timeline(times, critic_share=0.35):
+    "Bars (worker, phase, start, length) of one step, colocated and split, from logged `time/*` phase seconds."
+    r, w, lp, up = (times[f"time/{k}"] for k in ("rollout", "reward", "logprobs", "update"))
+    co, t = [], 0.0
+    for phase, d in (("rollout", r), ("reward", w), ("log-probs+values", lp), ("update", up)): co.append(("process 0", phase, t, d)); t += d
+    a_lp, c_lp, a_up, c_up = lp * (1 - critic_share), lp * critic_share, up * (1 - critic_share), up * critic_share
+    split = [("actor_pool", "rollout", 0.0, r), ("driver", "reward", r, w), ("actor_pool", "log-probs", r + w, a_lp),
+             ("critic_pool", "values", r + w, c_lp), ("actor_pool", "update", r + w + a_lp, a_up),
+             ("critic_pool", "update", r + w + a_lp, c_up)]
+    return {"colocate": co, "ray split": split}
+
+# %% ../nbs/01g_placement.ipynb #4bdebab8
+def plot_step_timeline(bars):
+    "Gantt chart of `step_timeline`'s bars: one row per worker, one panel per placement; -> figure."
+    import matplotlib.pyplot as plt
+    colours = {"rollout": "tab:blue", "reward": "tab:green", "log-probs": "tab:cyan", "log-probs+values": "tab:cyan", "values": "tab:orange", "update": "tab:red"}
+    fig, axes = plt.subplots(len(bars), 1, figsize=(8, 1.3 * sum(len({b[0] for b in v}) for v in bars.values()) + 0.5), sharex=True)
+    for ax, (name, rows) in zip(axes, bars.items()):
+        workers = list(dict.fromkeys(b[0] for b in rows))
+        for who, phase, start, d in rows:
+            ax.barh(workers.index(who), d, left=start, color=colours.get(phase, "tab:gray"), alpha=0.8, edgecolor="k")
+            ax.text(start + d / 2, workers.index(who), phase, ha="center", va="center", fontsize=7)
+        ax.set_yticks(range(len(workers)), workers); ax.set_title(name, fontsize=9)
+    axes[-1].set_xlabel("seconds")
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/01g_placement.ipynb #8ab56b9f
 class WorkerLost(RuntimeError):
@@ -486,54 +537,3 @@ def make_placement(args, rpm, critic_mode, ref_active):
     table = check_placement(args)
     if args.placement != "ray": return LocalPlacement(args)
     return RayPlacement(args, check_rollout_pool(complete_pools(rpm or table, critic_mode, ref_active), getattr(args, "max_staleness", 0)))
-
-# %% ../nbs/01g_placement.ipynb #ef836029
-PLACEMENT_LAYOUTS = {
-    "colocate": {"process 0": ["ActorRollout", "RefPolicy", "Critic", "Reward"]},
-    "accelerate (DDP / FSDP2)": {"rank 0": ["ActorRollout", "RefPolicy", "Critic", "Reward"], "rank 1": ["ActorRollout", "RefPolicy", "Critic", "Reward"]},
-    "ray split": {"driver": ["step list", "Reward"], "actor_pool / 0": ["ActorRollout", "RefPolicy"], "critic_pool / 0": ["Critic"]},
-}
-ROLE_COLOURS = {"ActorRollout": "tab:blue", "RefPolicy": "tab:cyan", "Critic": "tab:orange", "Reward": "tab:green", "step list": "tab:gray"}
-
-def plot_placements(layouts=PLACEMENT_LAYOUTS):
-    "One panel per placement: a box per process (or Ray worker), the roles it holds stacked inside; -> figure."
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(layouts), figsize=(4 * len(layouts), 2.8))
-    for ax, (name, procs) in zip(axes, layouts.items()):
-        for i, (proc, roles) in enumerate(procs.items()):
-            ax.add_patch(plt.Rectangle((i * 1.1, 0), 1, len(roles) * 0.5 + 0.3, fill=False))
-            ax.text(i * 1.1 + 0.5, len(roles) * 0.5 + 0.4, proc, ha="center", fontsize=8)
-            for j, r in enumerate(roles):
-                ax.add_patch(plt.Rectangle((i * 1.1 + 0.05, 0.1 + j * 0.5), 0.9, 0.42, color=ROLE_COLOURS.get(r, "tab:purple"), alpha=0.7))
-                ax.text(i * 1.1 + 0.5, 0.3 + j * 0.5, r, ha="center", va="center", fontsize=8)
-        ax.set_xlim(-0.1, len(procs) * 1.1); ax.set_ylim(0, 2.7); ax.axis("off"); ax.set_title(name)
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/01g_placement.ipynb #f1db72de
-def step_timeline(times, critic_share=0.35):
-    "Bars (worker, phase, start, length) of one step, colocated and split, from logged `time/*` phase seconds."
-    r, w, lp, up = (times[f"time/{k}"] for k in ("rollout", "reward", "logprobs", "update"))
-    co, t = [], 0.0
-    for phase, d in (("rollout", r), ("reward", w), ("log-probs+values", lp), ("update", up)): co.append(("process 0", phase, t, d)); t += d
-    a_lp, c_lp, a_up, c_up = lp * (1 - critic_share), lp * critic_share, up * (1 - critic_share), up * critic_share
-    split = [("actor_pool", "rollout", 0.0, r), ("driver", "reward", r, w), ("actor_pool", "log-probs", r + w, a_lp),
-             ("critic_pool", "values", r + w, c_lp), ("actor_pool", "update", r + w + a_lp, a_up),
-             ("critic_pool", "update", r + w + a_lp, c_up)]
-    return {"colocate": co, "ray split": split}
-
-# %% ../nbs/01g_placement.ipynb #4bdebab8
-def plot_step_timeline(bars):
-    "Gantt chart of `step_timeline`'s bars: one row per worker, one panel per placement; -> figure."
-    import matplotlib.pyplot as plt
-    colours = {"rollout": "tab:blue", "reward": "tab:green", "log-probs": "tab:cyan", "log-probs+values": "tab:cyan", "values": "tab:orange", "update": "tab:red"}
-    fig, axes = plt.subplots(len(bars), 1, figsize=(8, 1.3 * sum(len({b[0] for b in v}) for v in bars.values()) + 0.5), sharex=True)
-    for ax, (name, rows) in zip(axes, bars.items()):
-        workers = list(dict.fromkeys(b[0] for b in rows))
-        for who, phase, start, d in rows:
-            ax.barh(workers.index(who), d, left=start, color=colours.get(phase, "tab:gray"), alpha=0.8, edgecolor="k")
-            ax.text(start + d / 2, workers.index(who), phase, ha="center", va="center", fontsize=7)
-        ax.set_yticks(range(len(workers)), workers); ax.set_title(name, fontsize=9)
-    axes[-1].set_xlabel("seconds")
-    fig.tight_layout()
-    return fig
