@@ -24,9 +24,9 @@ from .speed import fast_rollout, prompt_groups
 # %% auto #0
 __all__ = ['RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad', 'completions_to_batch',
            'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for', 'HFEngine',
-           'save_for_engine', 'VLLMEngine', 'serve', 'serve_main', 'VLLMServerEngine', 'sample_for_trainer',
-           'batch_is_weights', 'ratio_inputs', 'logs_sampling_gap', 'sync_policy', 'rollout_table',
-           'check_rollout_args', 'make_rollout_engine']
+           'save_for_engine', 'VLLMEngine', 'sample_for_trainer', 'batch_is_weights', 'ratio_inputs',
+           'logs_sampling_gap', 'sync_policy', 'rollout_table', 'check_rollout_args', 'make_rollout_engine', 'serve',
+           'serve_main', 'VLLMServerEngine']
 
 # %% ../nbs/01fr_rollout.ipynb #bfe6d5b2
 class RolloutEngineError(RuntimeError):
@@ -182,7 +182,7 @@ def generate(self: HFEngine, prompts, params):
 
 @patch
 def generate_batch(self: HFEngine, batch, params=None):
-    "The actor worker's own rollout when built on it (today's tokens and speed); else through `generate`."
+    "The actor worker's own rollout when built on it (the same tokens at the same speed); else through `generate`."
     if self.worker is not None and self.agent is None: return self.worker.generate_sequences(batch)
     return RolloutEngine.generate_batch(self, batch, params)
 
@@ -255,6 +255,100 @@ def shutdown(self: VLLMEngine):
     if getattr(self, "llm", None) is not None:
         self.llm = None; gc.collect()
     self.drop_model_copy()
+
+# %% ../nbs/01fr_rollout.ipynb #6acb3219
+def sample_for_trainer(engine, batch, args, device=None):
+    "One step's rollout through `engine` with a trainer's options `args` -> the rollout batch (+ `prompt_group` for groups)."
+    agent = getattr(engine, "agent", None)                              # multi-turn episodes (rlhf_nb.agents)
+    if getattr(engine, "worker", None) is not None and agent is None: return engine.generate_batch(batch)     # the actor worker's own generate
+    params = SamplingParams(args.max_completion_length, args.temperature, args.top_k, args.top_p,
+                            seed=int(torch.randint(0, 2**31 - 1, (1,))))        # from the run's generator: a run repeats
+    out = engine.generate_batch({k: v.to(device) if torch.is_tensor(v) and device is not None else v for k, v in batch.items()}, params)
+    if getattr(args, "vllm_enable_sleep_mode", False): engine.sleep()     # its memory is the trainer's until the next sync
+    G = args.num_generations
+    if G > 1 and getattr(args, "share_prompt_prefix", False): out["prompt_group"] = prompt_groups(out["prompts"], out["prompt_mask"], G)
+    return out
+
+def batch_is_weights(data, idx, mode, cap):
+    "Importance weights [b,R] of rows `idx` for the sampler/trainer gap under `mode` (core's registry), or None (none, or no sampler log-probs)."
+    if mode == "none" or "rollout_log_probs" not in data: return None
+    return get_is_correction(mode)(data["old_log_probs"][idx], data["rollout_log_probs"][idx], data["response_mask"][idx], cap)
+
+# %% ../nbs/01fr_rollout.ipynb #5c65bda9
+def ratio_inputs(data, idx, args):
+    "(log-probs the clip ratio of rows `idx` is taken against, token weights or None) under `args`' off-policy objective (core)."
+    behav = data["rollout_log_probs"][idx] if "rollout_log_probs" in data else None
+    mode = args.importance_sampling_mode if behav is not None else "none"   # a synchronous run without sampler log-probs: as before
+    return three_policy_inputs(data["old_log_probs"][idx], behav, data["response_mask"][idx],
+                               getattr(args, "off_policy_objective", "decoupled"), mode, args.importance_sampling_cap)
+
+def logs_sampling_gap(args):
+    "Whether a trainer logs the sampler/trainer gap: a sampler that is not its own model (vLLM, or an asynchronous one), or a correction asked for."
+    return args.rollout_engine != "hf" or args.importance_sampling_mode != "none" or getattr(args, "max_staleness", 0) > 0
+
+def sync_policy(engine, policy, version):
+    "Give `engine` the weights of `policy` as `version` (a shared hf engine: the version only); -> seconds."
+    if getattr(engine, "shared", False): return engine.update_weights([], version)
+    engine.wake_up()                                                     # a no-op unless it sleeps
+    with checkpoint_weights(policy) as w: return engine.update_weights(w, version)
+
+def rollout_table(data, tokenizer, n=None):
+    "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
+    out, mask = [], data["response_mask"].bool()
+    for b in range(data["responses"].shape[0] if n is None else min(n, data["responses"].shape[0])):
+        m = mask[b]
+        row = {"prompt": tokenizer.decode(data["prompts"][b][data["prompt_mask"][b].bool()], skip_special_tokens=True),
+               "response": tokenizer.decode(data["responses"][b][m], skip_special_tokens=True), "length": int(m.sum())}
+        if "token_level_scores" in data: row["score"] = float(data["token_level_scores"][b].sum())
+        if "kl" in data: row["kl"] = float(data["kl"][b][m].sum())
+        if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
+        out.append(row)
+    return out
+
+# %% ../nbs/01fr_rollout.ipynb #4d77a72c
+def check_rollout_args(a):
+    "Validate and resolve `RolloutArgs` (TRL's spellings folded in, the correction's default chosen); ConfigError names the option."
+    if a.rollout_engine not in ENGINES: raise ConfigError(f"rollout_engine must be one of {', '.join(ENGINES)}, not {a.rollout_engine!r}")
+    if a.vllm_mode not in VLLM_MODES: raise ConfigError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, not {a.vllm_mode!r}")
+    if a.vllm_importance_sampling_mode is not None:
+        if a.importance_sampling_mode not in (None, a.vllm_importance_sampling_mode):
+            raise ConfigError("importance_sampling_mode and vllm_importance_sampling_mode disagree: give one")
+        a.importance_sampling_mode = a.vllm_importance_sampling_mode
+    if a.vllm_importance_sampling_cap is not None: a.importance_sampling_cap = a.vllm_importance_sampling_cap
+    if a.vllm_importance_sampling_correction is False: a.importance_sampling_mode = "none"
+    if a.importance_sampling_mode is None: a.importance_sampling_mode = "token_truncate" if a.rollout_engine == "vllm" else "none"
+    a.importance_sampling_mode = IS_MODE_ALIASES.get(a.importance_sampling_mode, a.importance_sampling_mode)
+    if a.importance_sampling_mode not in IS_CORRECTIONS:
+        raise ConfigError(f"importance_sampling_mode must be one of {', '.join(sorted(IS_CORRECTIONS))}, not {a.importance_sampling_mode!r}")
+    if not a.importance_sampling_cap > 0: raise ConfigError(f"importance_sampling_cap must be > 0, got {a.importance_sampling_cap}")
+    if not 0 < a.vllm_gpu_memory_utilization <= 1: raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1], got {a.vllm_gpu_memory_utilization}")
+    if not a.vllm_server_timeout > 0: raise ConfigError(f"vllm_server_timeout must be > 0 seconds, got {a.vllm_server_timeout}")
+    if a.vllm_server_port is not None and not 0 < a.vllm_server_port < 65536: raise ConfigError(f"vllm_server_port must be in 1..65535, got {a.vllm_server_port}")
+    if a.vllm_max_model_len is not None and a.vllm_max_model_len < 2: raise ConfigError(f"vllm_max_model_len must be >= 2, got {a.vllm_max_model_len}")
+
+# %% ../nbs/01fr_rollout.ipynb #3330fe60
+def make_rollout_engine(args, policy, tokenizer, worker=None, model_dir=None, seed=0, bf16=False, max_model_len=512, world=1):
+    "The rollout engine `args` (`RolloutArgs`) ask for, sampling from `policy` (vLLM: written to `model_dir` first)."
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if world > 1 and args.rollout_engine != "hf":
+        raise ConfigError(f"rollout_engine {args.rollout_engine!r} runs in one trainer process, not {world}")
+    if args.rollout_engine == "hf":
+        return HFEngine(policy, eos, pad, shared=True, worker=worker)
+    if args.vllm_mode == "colocate": _import_vllm()                      # before writing anything
+    folder = save_for_engine(policy, tokenizer, model_dir or Path(tempfile.mkdtemp(prefix="rlhf_nb_rollout_")))
+    engine = _engine_on(args, folder, eos, pad, seed, bf16, max_model_len)
+    engine.model_copy = None if model_dir else folder                    # a temporary copy: its weights go at shutdown
+    return engine
+
+def _engine_on(args, folder, eos, pad, seed, bf16, max_model_len):
+    "The vLLM engine of `args` on the model in `folder`: in this process, a server someone runs, or one started here."
+    kw = dict(dtype="bfloat16" if bf16 else "float32", max_model_len=args.vllm_max_model_len or max_model_len, seed=seed,
+              gpu_memory_utilization=args.vllm_gpu_memory_utilization, enable_sleep_mode=args.vllm_enable_sleep_mode)
+    if args.vllm_mode == "colocate": return VLLMEngine(folder, eos, pad, **kw)
+    if args.vllm_server_port is not None:
+        return VLLMServerEngine.connect(args.vllm_server_host, args.vllm_server_port, eos, pad, args.vllm_server_timeout)
+    return VLLMServerEngine.start(folder, eos, pad, python=args.vllm_server_python, host=args.vllm_server_host,
+                                  timeout=args.vllm_server_timeout, **kw)
 
 # %% ../nbs/01fr_rollout.ipynb #d8758e58
 def _handler(engine, server_state):
@@ -420,97 +514,3 @@ def shutdown(self: VLLMServerEngine):
         try: self.process.wait(timeout=30)
         except subprocess.TimeoutExpired: self.process.kill(); self.process.wait()
     self.drop_model_copy()
-
-# %% ../nbs/01fr_rollout.ipynb #6acb3219
-def sample_for_trainer(engine, batch, args, device=None):
-    "One step's rollout through `engine` with a trainer's options `args` -> the rollout batch (+ `prompt_group` for groups)."
-    agent = getattr(engine, "agent", None)                              # multi-turn episodes (rlhf_nb.agents)
-    if getattr(engine, "worker", None) is not None and agent is None: return engine.generate_batch(batch)     # the actor worker's own generate
-    params = SamplingParams(args.max_completion_length, args.temperature, args.top_k, args.top_p,
-                            seed=int(torch.randint(0, 2**31 - 1, (1,))))        # from the run's generator: a run repeats
-    out = engine.generate_batch({k: v.to(device) if torch.is_tensor(v) and device is not None else v for k, v in batch.items()}, params)
-    if getattr(args, "vllm_enable_sleep_mode", False): engine.sleep()     # its memory is the trainer's until the next sync
-    G = args.num_generations
-    if G > 1 and getattr(args, "share_prompt_prefix", False): out["prompt_group"] = prompt_groups(out["prompts"], out["prompt_mask"], G)
-    return out
-
-def batch_is_weights(data, idx, mode, cap):
-    "Importance weights [b,R] of rows `idx` for the sampler/trainer gap under `mode` (core's registry), or None (none, or no sampler log-probs)."
-    if mode == "none" or "rollout_log_probs" not in data: return None
-    return get_is_correction(mode)(data["old_log_probs"][idx], data["rollout_log_probs"][idx], data["response_mask"][idx], cap)
-
-# %% ../nbs/01fr_rollout.ipynb #5c65bda9
-def ratio_inputs(data, idx, args):
-    "(log-probs the clip ratio of rows `idx` is taken against, token weights or None) under `args`' off-policy objective (core)."
-    behav = data["rollout_log_probs"][idx] if "rollout_log_probs" in data else None
-    mode = args.importance_sampling_mode if behav is not None else "none"   # a synchronous run without sampler log-probs: as before
-    return three_policy_inputs(data["old_log_probs"][idx], behav, data["response_mask"][idx],
-                               getattr(args, "off_policy_objective", "decoupled"), mode, args.importance_sampling_cap)
-
-def logs_sampling_gap(args):
-    "Whether a trainer logs the sampler/trainer gap: a sampler that is not its own model (vLLM, or an asynchronous one), or a correction asked for."
-    return args.rollout_engine != "hf" or args.importance_sampling_mode != "none" or getattr(args, "max_staleness", 0) > 0
-
-def sync_policy(engine, policy, version):
-    "Give `engine` the weights of `policy` as `version` (a shared hf engine: the version only); -> seconds."
-    if getattr(engine, "shared", False): return engine.update_weights([], version)
-    engine.wake_up()                                                     # a no-op unless it sleeps
-    with checkpoint_weights(policy) as w: return engine.update_weights(w, version)
-
-def rollout_table(data, tokenizer, n=None):
-    "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
-    out, mask = [], data["response_mask"].bool()
-    for b in range(data["responses"].shape[0] if n is None else min(n, data["responses"].shape[0])):
-        m = mask[b]
-        row = {"prompt": tokenizer.decode(data["prompts"][b][data["prompt_mask"][b].bool()], skip_special_tokens=True),
-               "response": tokenizer.decode(data["responses"][b][m], skip_special_tokens=True), "length": int(m.sum())}
-        if "token_level_scores" in data: row["score"] = float(data["token_level_scores"][b].sum())
-        if "kl" in data: row["kl"] = float(data["kl"][b][m].sum())
-        if "advantages" in data: row["adv_mean"] = float(data["advantages"][b][m].mean()) if m.any() else 0.0
-        out.append(row)
-    return out
-
-# %% ../nbs/01fr_rollout.ipynb #4d77a72c
-def check_rollout_args(a):
-    "Validate and resolve `RolloutArgs` (TRL's spellings folded in, the correction's default chosen); ConfigError names the option."
-    if a.rollout_engine not in ENGINES: raise ConfigError(f"rollout_engine must be one of {', '.join(ENGINES)}, not {a.rollout_engine!r}")
-    if a.vllm_mode not in VLLM_MODES: raise ConfigError(f"vllm_mode must be one of {', '.join(VLLM_MODES)}, not {a.vllm_mode!r}")
-    if a.vllm_importance_sampling_mode is not None:
-        if a.importance_sampling_mode not in (None, a.vllm_importance_sampling_mode):
-            raise ConfigError("importance_sampling_mode and vllm_importance_sampling_mode disagree: give one")
-        a.importance_sampling_mode = a.vllm_importance_sampling_mode
-    if a.vllm_importance_sampling_cap is not None: a.importance_sampling_cap = a.vllm_importance_sampling_cap
-    if a.vllm_importance_sampling_correction is False: a.importance_sampling_mode = "none"
-    if a.importance_sampling_mode is None: a.importance_sampling_mode = "token_truncate" if a.rollout_engine == "vllm" else "none"
-    a.importance_sampling_mode = IS_MODE_ALIASES.get(a.importance_sampling_mode, a.importance_sampling_mode)
-    if a.importance_sampling_mode not in IS_CORRECTIONS:
-        raise ConfigError(f"importance_sampling_mode must be one of {', '.join(sorted(IS_CORRECTIONS))}, not {a.importance_sampling_mode!r}")
-    if not a.importance_sampling_cap > 0: raise ConfigError(f"importance_sampling_cap must be > 0, got {a.importance_sampling_cap}")
-    if not 0 < a.vllm_gpu_memory_utilization <= 1: raise ConfigError(f"vllm_gpu_memory_utilization must be in (0, 1], got {a.vllm_gpu_memory_utilization}")
-    if not a.vllm_server_timeout > 0: raise ConfigError(f"vllm_server_timeout must be > 0 seconds, got {a.vllm_server_timeout}")
-    if a.vllm_server_port is not None and not 0 < a.vllm_server_port < 65536: raise ConfigError(f"vllm_server_port must be in 1..65535, got {a.vllm_server_port}")
-    if a.vllm_max_model_len is not None and a.vllm_max_model_len < 2: raise ConfigError(f"vllm_max_model_len must be >= 2, got {a.vllm_max_model_len}")
-
-# %% ../nbs/01fr_rollout.ipynb #3330fe60
-def make_rollout_engine(args, policy, tokenizer, worker=None, model_dir=None, seed=0, bf16=False, max_model_len=512, world=1):
-    "The rollout engine `args` (`RolloutArgs`) ask for, sampling from `policy` (vLLM: written to `model_dir` first)."
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if world > 1 and args.rollout_engine != "hf":
-        raise ConfigError(f"rollout_engine {args.rollout_engine!r} runs in one trainer process, not {world}")
-    if args.rollout_engine == "hf":
-        return HFEngine(policy, eos, pad, shared=True, worker=worker)
-    if args.vllm_mode == "colocate": _import_vllm()                      # before writing anything
-    folder = save_for_engine(policy, tokenizer, model_dir or Path(tempfile.mkdtemp(prefix="rlhf_nb_rollout_")))
-    engine = _engine_on(args, folder, eos, pad, seed, bf16, max_model_len)
-    engine.model_copy = None if model_dir else folder                    # a temporary copy: its weights go at shutdown
-    return engine
-
-def _engine_on(args, folder, eos, pad, seed, bf16, max_model_len):
-    "The vLLM engine of `args` on the model in `folder`: in this process, a server someone runs, or one started here."
-    kw = dict(dtype="bfloat16" if bf16 else "float32", max_model_len=args.vllm_max_model_len or max_model_len, seed=seed,
-              gpu_memory_utilization=args.vllm_gpu_memory_utilization, enable_sleep_mode=args.vllm_enable_sleep_mode)
-    if args.vllm_mode == "colocate": return VLLMEngine(folder, eos, pad, **kw)
-    if args.vllm_server_port is not None:
-        return VLLMServerEngine.connect(args.vllm_server_host, args.vllm_server_port, eos, pad, args.vllm_server_timeout)
-    return VLLMServerEngine.start(folder, eos, pad, python=args.vllm_server_python, host=args.vllm_server_host,
-                                  timeout=args.vllm_server_timeout, **kw)
