@@ -69,7 +69,8 @@ def notebook_minutes(stem):
     "Reading minutes of one notebook by the rule (unrounded)."
     cells = _cells(stem)
     words = sum(len(s.split()) for t, s in cells if t == "markdown")
-    lines = sum(1 for t, s in cells if t == "code" for l in s.splitlines() if l.strip() and not l.lstrip().startswith("#|"))
+    code = [l for t, s in cells if t == "code" for l in s.splitlines()]
+    lines = sum(1 for l in code if l.strip() and not l.lstrip().startswith("#|"))
     return words / WORDS_PER_MIN + lines / LINES_PER_MIN
 
 
@@ -131,13 +132,15 @@ def main(argv=None):
         words, where = words_before_pi(stems)
     except (FileNotFoundError, ValueError) as e:
         print(f"path_words: error: {e}", file=sys.stderr); return 1
-    if where: print(f"{words:,} words of prose before the first π equation, in {where[0]} (cell {where[1]}): {where[2][:100]}")
+    if where: print(f"{words:,} words of prose before the first π equation, in {where[0]} (cell {where[1]}): "
+                    f"{where[2][:100]}")
     else: print(f"{words:,} words of prose and no π equation along {len(stems)} notebooks")
     if a.order == "path":
         print(f"\nreading time ({WORDS_PER_MIN} words/min + {LINES_PER_MIN} code lines/min, rounded to 5 min):")
         for p, t, st in parts:
             rule = fmt_minutes(part_minutes(st))
-            print(f"  {p}: {rule}" + ("" if t == rule else f"  (the heading says {t!r})") + f"  [{len(st)} notebooks]")
+            said = "" if t == rule else f"  (the heading says {t!r})"
+            print(f"  {p}: {rule}{said}  [{len(st)} notebook{'s' * (len(st) != 1)}]")
     return 0
 
 
