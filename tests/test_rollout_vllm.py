@@ -3,7 +3,7 @@ interpreter), colocated in the trainer's process and as a server the trainer sta
 a GRPO update, the sampling metrics, and every bad input as one line with nothing lost.
 
 tools/test.sh sets RLHF_NB_REQUIRE_VLLM=1, so in CI a missing engine fails these tests instead of skipping them."""
-import json, os, shutil, signal, socket, subprocess, sys, time
+import contextlib, json, os, shutil, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFO
 for k in ("RLHF_NB_DEBUG", "PYTHONPATH"): ENV.pop(k, None)
 TINY = ["--warm_start_dir", "", "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "8",
         "--arith_train_size", "64", "--eval_steps", "0", "--disable_tqdm", "true"]
+HANG = 900            # seconds: a bound on a hang only; every wait below is on an event (a line, a file, an exit)
 SAMPLING_KEYS = {"sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
                  "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
                  "sampling/importance_sampling_ratio/max", "time/sync"}
@@ -147,36 +148,51 @@ def test_cli_server_mode_started_by_the_trainer(vpy, tmp_path):
     assert not left, f"rollout server still running: {left}"
 
 
+def wait_for(what, done, procs, bound=None):
+    "Poll `done()` until true while every process of `procs` ({name: (Popen, its log file)}) runs; -> seconds waited."
+    bound, t0 = bound or HANG, time.monotonic()
+    while not done():
+        for name, (p, log) in procs.items():
+            if p.poll() is not None: pytest.fail(f"{name} ended (exit status {p.returncode}) before {what}:\n{log.read_text(errors='replace')[-3000:]}")
+        if time.monotonic() - t0 > bound: pytest.fail(f"no {what} within {bound} s: a hang")
+        time.sleep(0.2)
+    return time.monotonic() - t0
+
+
 def test_a_server_that_dies_mid_run(vpy, tmp_path):
     "A server killed mid-run: one line naming it, exit status 2, and the last checkpoint stays complete."
     model = tmp_path / "model"
     subprocess.run([sys.executable, "-c", "import sys; from rlhf_nb.models import char_tokenizer, tiny_causal_lm; "
                     "from rlhf_nb.rollout import save_for_engine; t = char_tokenizer(); save_for_engine(tiny_causal_lm(t), t, sys.argv[1])",
-                    str(model)], check=True, env=ENV, timeout=300)
-    port = free_port()
+                    str(model)], check=True, env=ENV, timeout=HANG)
+    port, run = free_port(), tmp_path / "run"
+    server_log, trainer_log = tmp_path / "server.log", tmp_path / "trainer.err"
     # Output goes to files, not pipes: a pipe nobody reads fills (64 KiB) and stalls the writer, which looks like no checkpoint.
-    server_log, trainer_err = open(tmp_path / "server.log", "w"), open(tmp_path / "trainer.err", "w+")
-    server = subprocess.Popen([vpy, "-m", "rlhf_nb.launch", "vllm-serve", "--model", str(model), "--port", str(port)],
-                              stdout=server_log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
-    run = tmp_path / "run"
-    trainer = subprocess.Popen([sys.executable, "-m", "rlhf_nb.launch", "grpo", "--model_name_or_path", str(model),
-                                "--rollout_engine", "vllm", "--vllm_mode", "server", "--vllm_server_port", str(port),
-                                "--vllm_server_timeout", "300", "--max_steps", "500", "--save_steps", "1",
-                                "--output_dir", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=trainer_err, text=True, env=ENV, cwd=tmp_path)
-    err_text = lambda: (tmp_path / "trainer.err").read_text()
+    with open(server_log, "w") as f:
+        server = subprocess.Popen([vpy, "-m", "rlhf_nb.launch", "vllm-serve", "--model", str(model), "--port", str(port)],
+                                  stdout=f, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    procs, trainer = {"server": (server, server_log)}, None
     try:
-        t0 = time.time()
-        while not (run / "checkpoint-2").exists():
-            assert trainer.poll() is None, err_text()[-3000:]
-            assert time.time() - t0 < 300, "no checkpoint-2 within 300 s"
-            time.sleep(0.5)
+        # each step waits on an event: the server's ready line (its start takes minutes on a busy machine), then the
+        # trainer's checkpoint-2, then the trainer's exit; the trainer starts once the server answers, so its own
+        # --vllm_server_timeout never runs out while the server is still loading
+        ready = f"ready on 127.0.0.1:{port}"
+        up = wait_for(f"'{ready}' in {server_log}", lambda: ready in server_log.read_text(errors="replace"), procs)
+        with open(trainer_log, "w") as f:
+            trainer = subprocess.Popen([sys.executable, "-m", "rlhf_nb.launch", "grpo", "--model_name_or_path", str(model),
+                                        "--rollout_engine", "vllm", "--vllm_mode", "server", "--vllm_server_port", str(port),
+                                        "--vllm_server_timeout", "300", "--max_steps", "500", "--save_steps", "1",
+                                        "--output_dir", str(run), *TINY], stdout=subprocess.DEVNULL, stderr=f, env=ENV, cwd=tmp_path)
+        procs["trainer"] = (trainer, trainer_log)
+        two = wait_for(f"{run / 'checkpoint-2'}", (run / "checkpoint-2").exists, procs)
         os.killpg(server.pid, signal.SIGKILL); server.wait()
-        trainer.wait(timeout=300)
-        err = err_text()
+        t0 = time.monotonic(); trainer.wait(timeout=HANG)
+        print(f"server ready after {up:.0f} s, checkpoint-2 {two:.0f} s later, trainer stopped {time.monotonic() - t0:.0f} s after the kill")
+        err = trainer_log.read_text()
     finally:
-        for p in (trainer, server):
-            if p.poll() is None: p.kill()
-        server_log.close(); trainer_err.close()
+        if trainer is not None and trainer.poll() is None: trainer.kill(); trainer.wait()
+        with contextlib.suppress(ProcessLookupError): os.killpg(server.pid, signal.SIGKILL)   # the server and its engine process
+        server.wait()
     assert trainer.returncode == 2, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     line = [l for l in err.splitlines() if l.startswith("rlhf-nb")][-1]
@@ -214,4 +230,4 @@ def test_unreachable_server_is_one_line_within_its_timeout(tmp_path):
             "--vllm_server_timeout", "3", "--max_steps", "1", "--output_dir", tmp_path / "run", *TINY, cwd=tmp_path)
     line = error_line(r)
     assert "no rollout server answered on http://127.0.0.1:" in line and "within 3 s" in line, line
-    assert time.time() - t0 < 120
+    assert time.time() - t0 < 240                                   # the default timeout alone is 240 s; start-up takes ~10 s
