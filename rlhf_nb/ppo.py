@@ -88,121 +88,6 @@ class SampleNow:
         sec = sync_policy(t.rollout, t.unwrapped_policy, t.global_step + 1)
         return {} if t.config.rollout_engine == "hf" else {"time/sync": sec}
 
-# %% ../nbs/02_ppo.ipynb #eb959cc1
-def agg_units(response_mask, loss_agg_mode):
-    "What a loss aggregation averages over, counted in `response_mask`[b,R]: valid tokens, all rows, or rows with a token."
-    if loss_agg_mode == "token-mean": return float(response_mask.sum())
-    if loss_agg_mode == "seq-mean-token-sum-norm": return float(response_mask.shape[0])
-    return float((response_mask.sum(-1) > 0).sum())
-
-def loss_weights(chunks, response_mask, loss_agg_mode, total=None):
-    "Weights of per-chunk aggregated losses whose weighted sum is the loss over `total` units (default: all the chunks')."
-    n = [agg_units(response_mask[c], loss_agg_mode) for c in chunks]
-    total = sum(n) if total is None else total
-    if total == 0: n, total = [float(len(c)) for c in chunks], float(sum(len(c) for c in chunks))   # nothing valid: losses are 0
-    return [x / total for x in n]
-
-# %% ../nbs/02_ppo.ipynb #323b3e67
-TOKEN_MEAN_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "vf_clipfrac")
-
-def mini_batch_metrics(parts):
-    "One mini-batch's metrics from its micro-batches' (stats, loss weight, valid tokens): loss terms by weight, token means by tokens."
-    out, w_sum, n_sum = {}, {}, {}
-    for stats, w, n in parts:
-        for k in stats: w_sum[k], n_sum[k] = w_sum.get(k, 0.0) + w, n_sum.get(k, 0.0) + n
-    for stats, w, n in parts:
-        for k, v in stats.items():
-            by_tokens = k.rsplit("/", 1)[-1] in TOKEN_MEAN_STATS and n_sum[k] > 0
-            out[k] = out.get(k, 0.0) + (w_sum[k] * n / n_sum[k] if by_tokens else w) * v
-    return out
-
-def update_metrics(steps):
-    "An update's metrics: per key, the mean over the optimiser steps (dicts of `steps`) that report it."
-    keys = dict.fromkeys(k for s in steps for k in s)
-    return {k: sum(s[k] for s in steps if k in s) / sum(k in s for s in steps) for k in keys}
-
-# %% ../nbs/02_ppo.ipynb #676b1f4b
-@patch
-def update_plan(self: RLTrainer, data, perms=None):
-    "Per mini-batch of every epoch: a list of (rows, loss weight) micro-batches. `perms`: the epochs' row orders (drawn if None)."
-    cfg, mask, mode = self.config, data["response_mask"], self.config.loss_agg_mode
-    B, mb = mask.shape[0], self.mini_batch_size
-    perms = perms or [torch.randperm(B).to(mask.device) for _ in range(cfg.num_ppo_epochs)]
-    chunked = [[c for c in torch.tensor_split(perm[s:s + mb], cfg.gradient_accumulation_steps) if len(c)]
-               for perm in perms for s in range(0, B, mb)]
-    totals = [None] * len(chunked)
-    if self.world > 1:             # DDP averages gradients over processes: weigh each by its share of the units of all of them
-        units = torch.tensor([sum(agg_units(mask[c], mode) for c in chunks) for chunks in chunked], device=mask.device)
-        totals = (self.accelerator.reduce(units, "sum") / self.world).tolist()
-    return [list(zip(chunks, loss_weights(chunks, mask, mode, t))) for chunks, t in zip(chunked, totals)]
-
-# %% ../nbs/02_ppo.ipynb #da6ae0ca
-@patch
-def actor_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
-    "Actor: log-probs of rows `idx`, `actor_loss` (+ a shared head's value loss), backward of loss·weight -> stats."
-    cfg, actor, mask = self.config, self.workers[Role.ActorRollout], data["response_mask"][idx]
-    with actor.micro_batch(last):
-        lp, ent, v = actor.forward(data, idx, with_entropy=True)
-        ref = data["ref_log_probs"][idx] if cfg.use_kl_loss and self.reference.active else None
-        base, w = ratio_inputs(data, idx, cfg)                          # the ratio's denominator and token weights (see core)
-        loss, st = actor_loss(lp, base, data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
-                              ref_logprob=ref, kl_coef=self.kl_ctl.value, kl_estimator=cfg.kl_estimator, entropy=ent,
-                              entropy_coef=cfg.entropy_coef, loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length,
-                              cliprange=cfg.cliprange, cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high,
-                              clip_ratio_c=cfg.clip_ratio_c, is_weights=w)
-        stats = {**{f"actor/{k}": float(x) for k, x in st.items()}, "actor/entropy": float(masked_mean(ent, mask))}
-        if v is not None:                                                # shared value head: one backward for both
-            vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
-            loss = loss + cfg.vf_coef * vf
-            stats.update({"critic/vf_loss": float(vf), "critic/vf_clipfrac": float(vclip)})
-        actor.backward(loss * weight)
-    return stats
-
-# %% ../nbs/02_ppo.ipynb #2b8c7cb3
-@patch
-def critic_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
-    "Critic: values of rows `idx`, the clipped value loss, backward of vf_coef·loss·weight -> stats."
-    cfg, critic, mask = self.config, self.workers[Role.Critic], data["response_mask"][idx]
-    with critic.micro_batch(last):
-        vf, vclip = value_loss(critic.forward(data, idx), data["values"][idx], data["returns"][idx], mask,
-                               cfg.cliprange_value, cfg.loss_agg_mode)
-        critic.backward(cfg.vf_coef * vf * weight)
-    return {"critic/vf_loss": float(vf.detach()), "critic/vf_clipfrac": float(vclip)}
-
-# %% ../nbs/02_ppo.ipynb #9b1f212c
-def _tokens(data, idx): return float(data["response_mask"][idx].sum())
-
-@patch
-def update(self: RLTrainer, data):
-    "PPO's update: per mini-batch of every epoch, accumulate the micro-batches' gradients, then one step per role."
-    actor, critic = self.workers[Role.ActorRollout].train(), self.workers.get(Role.Critic)
-    if critic is not None: critic.train()
-    steps = []
-    for micro_batches in self.update_plan(data):                      # num_ppo_epochs x (episodes / mini_batch_size)
-        parts = []
-        for j, (idx, weight) in enumerate(micro_batches):
-            last = j == len(micro_batches) - 1                         # DDP all-reduces gradients on the last one
-            parts.append((self.actor_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
-            if critic is not None: parts.append((self.critic_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
-        m = mini_batch_metrics(parts)                                  # weighted like the loss
-        m.update({f"actor/{k}": v for k, v in actor.step().items()})      # clip, step, zero (NaN: skipped)
-        if critic is not None: m.update({f"critic/{k}": v for k, v in critic.step().items()})
-        steps.append(m)
-    actor.lr_step(); critic is not None and critic.lr_step()
-    return update_metrics(steps)
-
-# %% ../nbs/02_ppo.ipynb #0902fa6a
-@patch
-def role_epochs(self: RLTrainer, which, data, plan):
-    "Every PPO epoch of one role ('actor' or 'critic') over `plan` (from `update_plan`) -> its metrics, as `update` reports them."
-    worker = self.workers[Role.ActorRollout if which == "actor" else Role.Critic].train()
-    micro = self.actor_micro_batch if which == "actor" else self.critic_micro_batch
-    steps = []
-    for micros in plan:
-        parts = [(micro(data, idx, w, j == len(micros) - 1), w, _tokens(data, idx)) for j, (idx, w) in enumerate(micros)]
-        steps.append({**mini_batch_metrics(parts), **{f"{which}/{k}": v for k, v in worker.step().items()}})
-    return update_metrics(steps)
-
 # %% ../nbs/02_ppo.ipynb #a0b68ce8
 @patch
 def init_workers(self: RLTrainer):
@@ -377,21 +262,6 @@ def compute_scores(self: RLTrainer, data):
     data["token_level_scores"], metrics = self.workers[Role.RewardModel].compute_scores(data)
     return data, metrics or {}
 
-# %% ../nbs/02_ppo.ipynb #b1a0ef6a
-@patch
-def filter_groups(self: RLTrainer, data):
-    "With `config.filter_groups`: keep the rows of groups whose scores differ; -> (data, {'informative_frac'} or {})."
-    G = self.config.num_generations
-    if not self.config.filter_groups or G < 2: return data, {}
-    if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
-        raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
-                         "ranks keep different numbers of rows and must take the same number of optimiser steps")
-    keep = informative_groups(data["token_level_scores"].sum(-1), G)
-    frac = keep.float().mean().item()
-    if not keep.any(): keep[:G] = True
-    if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
-    return data, {"informative_frac": frac}
-
 # %% ../nbs/02_ppo.ipynb #48a559d2
 @patch
 @torch.no_grad()
@@ -437,6 +307,136 @@ def compute_advantages(self: RLTrainer, data):
     if cfg.whiten_advantages: adv = self._whiten(adv, mask) * mask
     data["advantages"], data["returns"] = adv, ret
     return data
+
+# %% ../nbs/02_ppo.ipynb #eb959cc1
+def agg_units(response_mask, loss_agg_mode):
+    "What a loss aggregation averages over, counted in `response_mask`[b,R]: valid tokens, all rows, or rows with a token."
+    if loss_agg_mode == "token-mean": return float(response_mask.sum())
+    if loss_agg_mode == "seq-mean-token-sum-norm": return float(response_mask.shape[0])
+    return float((response_mask.sum(-1) > 0).sum())
+
+def loss_weights(chunks, response_mask, loss_agg_mode, total=None):
+    "Weights of per-chunk aggregated losses whose weighted sum is the loss over `total` units (default: all the chunks')."
+    n = [agg_units(response_mask[c], loss_agg_mode) for c in chunks]
+    total = sum(n) if total is None else total
+    if total == 0: n, total = [float(len(c)) for c in chunks], float(sum(len(c) for c in chunks))   # nothing valid: losses are 0
+    return [x / total for x in n]
+
+# %% ../nbs/02_ppo.ipynb #323b3e67
+TOKEN_MEAN_STATS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "vf_clipfrac")
+
+def mini_batch_metrics(parts):
+    "One mini-batch's metrics from its micro-batches' (stats, loss weight, valid tokens): loss terms by weight, token means by tokens."
+    out, w_sum, n_sum = {}, {}, {}
+    for stats, w, n in parts:
+        for k in stats: w_sum[k], n_sum[k] = w_sum.get(k, 0.0) + w, n_sum.get(k, 0.0) + n
+    for stats, w, n in parts:
+        for k, v in stats.items():
+            by_tokens = k.rsplit("/", 1)[-1] in TOKEN_MEAN_STATS and n_sum[k] > 0
+            out[k] = out.get(k, 0.0) + (w_sum[k] * n / n_sum[k] if by_tokens else w) * v
+    return out
+
+def update_metrics(steps):
+    "An update's metrics: per key, the mean over the optimiser steps (dicts of `steps`) that report it."
+    keys = dict.fromkeys(k for s in steps for k in s)
+    return {k: sum(s[k] for s in steps if k in s) / sum(k in s for s in steps) for k in keys}
+
+# %% ../nbs/02_ppo.ipynb #676b1f4b
+@patch
+def update_plan(self: RLTrainer, data, perms=None):
+    "Per mini-batch of every epoch: a list of (rows, loss weight) micro-batches. `perms`: the epochs' row orders (drawn if None)."
+    cfg, mask, mode = self.config, data["response_mask"], self.config.loss_agg_mode
+    B, mb = mask.shape[0], self.mini_batch_size
+    perms = perms or [torch.randperm(B).to(mask.device) for _ in range(cfg.num_ppo_epochs)]
+    chunked = [[c for c in torch.tensor_split(perm[s:s + mb], cfg.gradient_accumulation_steps) if len(c)]
+               for perm in perms for s in range(0, B, mb)]
+    totals = [None] * len(chunked)
+    if self.world > 1:             # DDP averages gradients over processes: weigh each by its share of the units of all of them
+        units = torch.tensor([sum(agg_units(mask[c], mode) for c in chunks) for chunks in chunked], device=mask.device)
+        totals = (self.accelerator.reduce(units, "sum") / self.world).tolist()
+    return [list(zip(chunks, loss_weights(chunks, mask, mode, t))) for chunks, t in zip(chunked, totals)]
+
+# %% ../nbs/02_ppo.ipynb #da6ae0ca
+@patch
+def actor_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
+    "Actor: log-probs of rows `idx`, `actor_loss` (+ a shared head's value loss), backward of loss·weight -> stats."
+    cfg, actor, mask = self.config, self.workers[Role.ActorRollout], data["response_mask"][idx]
+    with actor.micro_batch(last):
+        lp, ent, v = actor.forward(data, idx, with_entropy=True)
+        ref = data["ref_log_probs"][idx] if cfg.use_kl_loss and self.reference.active else None
+        base, w = ratio_inputs(data, idx, cfg)                          # the ratio's denominator and token weights (see core)
+        loss, st = actor_loss(lp, base, data["advantages"][idx], mask, policy_loss_fn=cfg.policy_loss,
+                              ref_logprob=ref, kl_coef=self.kl_ctl.value, kl_estimator=cfg.kl_estimator, entropy=ent,
+                              entropy_coef=cfg.entropy_coef, loss_agg_mode=cfg.loss_agg_mode, norm_const=cfg.max_completion_length,
+                              cliprange=cfg.cliprange, cliprange_low=cfg.cliprange_low, cliprange_high=cfg.cliprange_high,
+                              clip_ratio_c=cfg.clip_ratio_c, is_weights=w)
+        stats = {**{f"actor/{k}": float(x) for k, x in st.items()}, "actor/entropy": float(masked_mean(ent, mask))}
+        if v is not None:                                                # shared value head: one backward for both
+            vf, vclip = value_loss(v, data["values"][idx], data["returns"][idx], mask, cfg.cliprange_value, cfg.loss_agg_mode)
+            loss = loss + cfg.vf_coef * vf
+            stats.update({"critic/vf_loss": float(vf), "critic/vf_clipfrac": float(vclip)})
+        actor.backward(loss * weight)
+    return stats
+
+# %% ../nbs/02_ppo.ipynb #2b8c7cb3
+@patch
+def critic_micro_batch(self: RLTrainer, data, idx, weight=1.0, last=True):
+    "Critic: values of rows `idx`, the clipped value loss, backward of vf_coef·loss·weight -> stats."
+    cfg, critic, mask = self.config, self.workers[Role.Critic], data["response_mask"][idx]
+    with critic.micro_batch(last):
+        vf, vclip = value_loss(critic.forward(data, idx), data["values"][idx], data["returns"][idx], mask,
+                               cfg.cliprange_value, cfg.loss_agg_mode)
+        critic.backward(cfg.vf_coef * vf * weight)
+    return {"critic/vf_loss": float(vf.detach()), "critic/vf_clipfrac": float(vclip)}
+
+# %% ../nbs/02_ppo.ipynb #9b1f212c
+def _tokens(data, idx): return float(data["response_mask"][idx].sum())
+
+@patch
+def update(self: RLTrainer, data):
+    "PPO's update: per mini-batch of every epoch, accumulate the micro-batches' gradients, then one step per role."
+    actor, critic = self.workers[Role.ActorRollout].train(), self.workers.get(Role.Critic)
+    if critic is not None: critic.train()
+    steps = []
+    for micro_batches in self.update_plan(data):                      # num_ppo_epochs x (episodes / mini_batch_size)
+        parts = []
+        for j, (idx, weight) in enumerate(micro_batches):
+            last = j == len(micro_batches) - 1                         # DDP all-reduces gradients on the last one
+            parts.append((self.actor_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
+            if critic is not None: parts.append((self.critic_micro_batch(data, idx, weight, last), weight, _tokens(data, idx)))
+        m = mini_batch_metrics(parts)                                  # weighted like the loss
+        m.update({f"actor/{k}": v for k, v in actor.step().items()})      # clip, step, zero (NaN: skipped)
+        if critic is not None: m.update({f"critic/{k}": v for k, v in critic.step().items()})
+        steps.append(m)
+    actor.lr_step(); critic is not None and critic.lr_step()
+    return update_metrics(steps)
+
+# %% ../nbs/02_ppo.ipynb #0902fa6a
+@patch
+def role_epochs(self: RLTrainer, which, data, plan):
+    "Every PPO epoch of one role ('actor' or 'critic') over `plan` (from `update_plan`) -> its metrics, as `update` reports them."
+    worker = self.workers[Role.ActorRollout if which == "actor" else Role.Critic].train()
+    micro = self.actor_micro_batch if which == "actor" else self.critic_micro_batch
+    steps = []
+    for micros in plan:
+        parts = [(micro(data, idx, w, j == len(micros) - 1), w, _tokens(data, idx)) for j, (idx, w) in enumerate(micros)]
+        steps.append({**mini_batch_metrics(parts), **{f"{which}/{k}": v for k, v in worker.step().items()}})
+    return update_metrics(steps)
+
+# %% ../nbs/02_ppo.ipynb #b1a0ef6a
+@patch
+def filter_groups(self: RLTrainer, data):
+    "With `config.filter_groups`: keep the rows of groups whose scores differ; -> (data, {'informative_frac'} or {})."
+    G = self.config.num_generations
+    if not self.config.filter_groups or G < 2: return data, {}
+    if self.world > 1 and self.mini_batch_size < self.config.episodes_per_step:
+        raise ValueError("filter_groups with several processes needs one mini-batch per step (mini_batch_size=None): "
+                         "ranks keep different numbers of rows and must take the same number of optimiser steps")
+    keep = informative_groups(data["token_level_scores"].sum(-1), G)
+    frac = keep.float().mean().item()
+    if not keep.any(): keep[:G] = True
+    if not keep.all(): data = select_rows(data, torch.nonzero(keep).squeeze(-1))
+    return data, {"informative_frac": frac}
 
 # %% ../nbs/02_ppo.ipynb #70d495c6
 @patch
