@@ -8,7 +8,7 @@ fresh cache (tests/conftest.py points $RLHF_NB_CACHE at a temporary folder), and
 
 Chromium and its driver come from Debian's packages (`apt-get install chromium chromium-driver`); tools/test.sh
 installs them when they are missing and it runs as root. Without them this test is skipped with the reason."""
-import json, re, shutil, subprocess, sys
+import html, json, re, shutil, subprocess, sys
 from pathlib import Path
 from urllib.parse import urlparse, unquote
 
@@ -46,6 +46,23 @@ def test_every_notebook_has_a_page_and_nothing_comes_from_the_network(site):
         assert max((len(m) for m in re.findall(r"<style[^>]*>.*?</style>", text, re.S)), default=0) < 5000, p.name
         if p.stem != "api": assert set(re.findall(r'href="(nb-[\w]+\.css)"', text)) <= sheets and len(sheets) == 1, p.name
     assert 'href="01a_core.html#gspo_policy_loss"' in (site / "api.html").read_text()
+
+
+def test_sidebar_follows_the_learning_path(site):
+    """Every page's sidebar shows the parts of the learning path (nbs/index.ipynb) in order with their reading times,
+    each part's notebooks under it in reading order, between the home page and the API reference."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from path_words import learning_path
+    parts = learning_path(ROOT / "nbs" / "index.ipynb")
+    want = [(f"{i}. {part}", time_, stems) for i, (part, time_, stems) in enumerate(parts, 1)]
+    for page in ("index", "02_ppo", "api"):
+        nav = re.search(r'<nav class="site">(.*?)</nav>', (site / f"{page}.html").read_text(), re.S).group(1)
+        shown = []
+        for m in re.finditer(r"<h3>(.*?)(?: <span>\((.*?)\)</span>)?</h3>|<a href=\"([\w.-]+)\.html\"", nav):
+            if m.group(1): shown.append((html.unescape(m.group(1)), html.unescape(m.group(2) or ""), []))
+            elif shown and m.group(3) != "api": shown[-1][2].append(m.group(3))
+        assert shown == want, f"{page}.html: the sidebar's parts differ from the learning path"
+        assert nav.index("index.html") < nav.index("<h3>") and nav.rindex("api.html") > nav.rindex("<h3>")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,9 @@ executed notebook is cached in $RLHF_NB_CACHE/docs (default ~/.cache/rlhf_nb/doc
 the package modules it imports (directly or through other modules): a second build re-runs only the notebooks whose
 content or code changed (--jobs N runs N at a time; delete the folder to re-run all).
 Math is converted to MathML at build time (latex2mathml), so pages need no JavaScript and nothing from the network;
-links to other notebooks (`x.ipynb`) point to their pages; the notebook stylesheet is one shared file. `nbdev_docs`
+links to other notebooks (`x.ipynb`) point to their pages; the notebook stylesheet is one shared file. The sidebar
+follows the learning path of nbs/index.ipynb (its "## Learning path" section, read by tools/path_words.py): the part
+headings in order, each part's notebooks in reading order; a notebook not on the path is listed last. `nbdev_docs`
 (quarto) keeps working where quarto exists.
 """
 import argparse, ast, functools, hashlib, html, importlib, json, re, shutil, sys, time
@@ -21,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NBS = ROOT / "nbs"
+sys.path.insert(0, str(ROOT / "tools"))
+from path_words import learning_path
 DIRECTIVE = re.compile(r"^\s*#\s*\|.*$\n?", re.M)
 
 CSS = """
@@ -30,6 +34,9 @@ nav.site { position: fixed; top: 0; left: 0; bottom: 0; width: 230px; overflow-y
 nav.site a { display: block; padding: 3px 4px; color: #234; text-decoration: none; border-radius: 3px; }
 nav.site a.current { background: #dde6f3; font-weight: 600; }
 nav.site h2 { font-size: 15px; margin: 4px 0 10px; }
+nav.site h3 { font-size: 12px; margin: 14px 0 4px; color: #556; }
+nav.site h3 span { font-weight: normal; }
+nav.site hr { border: 0; border-top: 1px solid #ddd; margin: 12px 0 6px; }
 main.page { margin-left: 240px; padding: 8px 24px 40px; max-width: 1100px; }
 nav.pager { display: flex; justify-content: space-between; margin: 30px 0; font-size: 14px; }
 table.api td { vertical-align: top; padding: 2px 10px 2px 0; font-size: 14px; }
@@ -38,11 +45,25 @@ math[display="block"] { margin: 0.6em 0; }
 """
 
 
+def sections(stems, index=NBS / "index.ipynb"):
+    """The sidebar's groups for notebooks `stems`: [(part heading, reading time, [stems])] in learning-path order, each
+    part's notebooks in reading order; notebooks off the path (or all, without a path) last, in name order."""
+    try: parts = learning_path(index)
+    except ValueError: parts = []
+    out, seen = [], {"index"}
+    for i, (part, time_, names) in enumerate(parts, 1):
+        names = [s for s in names if s in stems and s not in seen]
+        seen.update(names)
+        if names: out.append((f"{i}. {part}", time_, names))
+    rest = sorted(s for s in stems if s not in seen)
+    return out + ([("More notebooks" if out else "Notebooks", None, rest)] if rest else [])
+
+
 def notebooks(only=None):
-    "The notebooks of the site: index first, then the rest in name order."
-    nbs = sorted(p for p in NBS.glob("*.ipynb") if not p.name.startswith("_"))
-    nbs = [p for p in nbs if p.stem == "index"] + [p for p in nbs if p.stem != "index"]
-    return [p for p in nbs if not only or p.stem in only or p.stem == "index"]
+    "The notebooks of the site: index first, then the rest in learning-path order (see `sections`)."
+    nbs = {p.stem: p for p in NBS.glob("*.ipynb") if not p.name.startswith("_")}
+    order = ["index"] * ("index" in nbs) + [s for _, _, names in sections(set(nbs)) for s in names]
+    return [nbs[s] for s in order if not only or s in only or s == "index"]
 
 
 def title_of(nb, stem):
@@ -181,10 +202,16 @@ def offline(page):
     return page
 
 
-def nav_html(pages, current):
-    cur = ' class="current"'
-    links = "".join(f'<a href="{p}.html"{cur if p == current else ""}>{html.escape(t)}</a>' for p, t in pages)
-    return f'<nav class="site"><h2><a href="index.html">rlhf-nb</a></h2>{links}</nav>'
+def nav_html(pages, current, groups=()):
+    "The sidebar: the pages outside `groups` (the home page), then each group's heading and pages, then the API page."
+    titles, cur = dict(pages), ' class="current"'
+    link = lambda p: f'<a href="{p}.html"{cur if p == current else ""}>{html.escape(titles[p])}</a>'
+    grouped = {s for _, _, names in groups for s in names}
+    top = "".join(link(p) for p, _ in pages if p not in grouped and p != "api")
+    parts = "".join(f'<h3>{html.escape(h)}' + (f" <span>({html.escape(t)})</span>" if t else "") + "</h3>" +
+                    "".join(link(s) for s in names) for h, t, names in groups)
+    api = "<hr>" + link("api") if "api" in titles else ""
+    return f'<nav class="site"><h2><a href="index.html">rlhf-nb</a></h2>{top}{parts}{api}</nav>'
 
 
 def pager(pages, current):
@@ -204,13 +231,13 @@ def plain_anchors(body_html):
     return re.sub(r'href="([\w.-]*)#([^"]*)"', lambda m: f'href="{m.group(1)}#{_slug(m.group(2))}"', body_html)
 
 
-def wrap(body_html, title, pages, current):
+def wrap(body_html, title, pages, current, groups=()):
     "A site page: head with the stylesheet, the navigation, the content, previous/next links."
     body_html = plain_anchors(body_html)
     body_html = re.sub(r'href="(?:nbs/)?([\w.-]+)\.ipynb(#[^"]*)?"', lambda m: f'href="{m.group(1)}.html{m.group(2) or ""}"', body_html)
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)} - rlhf-nb</title>"
             f"<link rel=\"icon\" href=\"data:,\"><link rel=\"stylesheet\" href=\"site.css\">{{head}}</head><body>"
-            f"{nav_html(pages, current)}<main class=\"page\">{body_html}{pager(pages, current)}</main></body></html>")
+            f"{nav_html(pages, current, groups)}<main class=\"page\">{body_html}{pager(pages, current)}</main></body></html>")
 
 
 @functools.lru_cache(None)
@@ -275,14 +302,15 @@ def build(out, execute=None, only=None, jobs=1, cache=None):
     run = [p for p in nbs if execute is None or p.stem in execute]
     loaded.update(executed(run, cache or cache_dir("docs"), jobs))
     pages = [(s, title_of(nb, s)) for s, nb in loaded.items()] + [("api", "API reference")]
+    groups = sections(set(loaded))
     modules = {}
     for s, nb in loaded.items():
         m = next((re.search(r"#\s*\|\s*default_exp\s+(\S+)", c.source) for c in nb.cells if "default_exp" in c.source), None)
         if m: modules[m.group(1)] = s
     for s, nb in loaded.items():
         head, body = render(prepare(nb))
-        (out / f"{s}.html").write_text(wrap(body, dict(pages)[s], pages, s).replace("{head}", shared_styles(head, out)))
-    (out / "api.html").write_text(wrap(api_page(modules), "API reference", pages, "api").replace("{head}", ""))
+        (out / f"{s}.html").write_text(wrap(body, dict(pages)[s], pages, s, groups).replace("{head}", shared_styles(head, out)))
+    (out / "api.html").write_text(wrap(api_page(modules), "API reference", pages, "api", groups).replace("{head}", ""))
     (out / "site.css").write_text(CSS)
     done = {s: s in {p.stem for p in run} for s, _ in pages}
     (out / "build.json").write_text(json.dumps({"executed": sorted(s for s, e in done.items() if e)}, indent=1))
