@@ -147,10 +147,11 @@ def rank_lost(exc, pids):
     if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
     gone = lambda: [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
     dead, t0, local = gone(), time.monotonic(), any(p not in (None, os.getpid()) for p in pids)
-    while not dead and local and "time" not in text and time.monotonic() - t0 < 2:  # a killed peer's sockets close before it is a zombie
+    timed_out = "timed out" in text or "timeout" in text                 # words, not 'time' (RuntimeError has it)
+    while not dead and local and not timed_out and time.monotonic() - t0 < 2:   # a killed peer's sockets close before it is a zombie
         time.sleep(0.05); dead = gone()
     what = (f"{' and '.join(dead)} died" if dead else "another rank did not answer within the process group's timeout "
-            "(--ddp_timeout): it hangs or is stopped" if "timed out" in text or "timeout" in text else
+            "(--ddp_timeout): it hangs or is stopped" if timed_out else
             f"the connection to another rank broke ({str(exc).strip().splitlines()[0][:80]})")
     return RankLost(f"{what}; this rank (PID {os.getpid()}) stopped too: resume with --resume_from_checkpoint latest")
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00k_engine.ipynb #d97816b1
 from __future__ import annotations
-import json, os, socket, time, warnings
+import json, os, signal, socket, threading, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -73,6 +73,8 @@ class RunGuard:
 
     def __exit__(self, kind, exc, tb):
         self.stop.__exit__(kind, exc, tb)
+        if len(self.pids) > 1 and isinstance(exc, RuntimeError) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)   # a collective failed: the launcher's SIGTERM must not cut the line short
         if self.main: unlock_output_dir(self.output_dir)
         lost = rank_lost(exc, self.pids) if len(self.pids) > 1 else None
         if lost: raise lost from None
