@@ -2,9 +2,10 @@
 
 A short seeded run of each shipped recipe (configs/ppo_arith.yaml with its critic, configs/grpo_arith.yaml,
 configs/dpo_arith.yaml) at tiny sizes, once through the plain trainer and once through the fast paths (roles and
-micro-batch halves side by side in threads, shared-prompt forwards); for the RL trainers also once with the roles on
-Ray pools (ActorRolloutRef on one pool, the critic on another). Every metric that both metrics.jsonl files hold must
-agree to 1e-5 relative (with a small absolute floor for values near 0), except the keys named in `EXCLUDED`.
+micro-batch halves side by side in threads, shared-prompt forwards). Every metric that both metrics.jsonl files hold
+must agree to 1e-5 relative (with a small absolute floor for values near 0), except the keys named in `EXCLUDED`.
+The roles on Ray pools against one colocated process (PPO's critic on a pool of its own, GRPO, two micro-batches per
+optimiser step, exact equality) are compared in `tests/test_placement.py`.
 
 Every run is a fresh process of the CLI's entry point (`tests/_resume_worker.py`: `rlhf_nb.launch.main` with a dense
 reward for the arithmetic task, so the tiny untrained policy gets varying scores and real gradients), pinned to one
@@ -24,38 +25,33 @@ TIMEOUT = 300
 RTOL, ATOL = 1e-5, 1e-6
 # ATOL: values near 0 that are differences of float32 sums, e.g. DPO's implicit reward beta*(log pi - log ref) of two
 # log-probs near -70, whose rounding (about 1e-5 each) the threads' order of adding gradients moves.
-# Wall-clock seconds, not properties of the update: the RL step's phases, the Ray driver's overhead, the elapsed time
+# Wall-clock seconds, not properties of the update: the RL step's phases, the elapsed time
 # (RL trainers: time/elapsed; DPO: time).
-EXCLUDED = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/sync", "time/step", "time/ray_overhead", "time/elapsed",
-            "time")
+EXCLUDED = ("time/rollout", "time/reward", "time/logprobs", "time/update", "time/sync", "time/step", "time/elapsed", "time")
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU runs: threads and one torch thread per process")
 
 SHORT = ["--max_steps", 3, "--save_steps", 0, "--seed", 3, "--warm_start_dir", ""]
 RL_SIZES = ["--eval_steps", 0, "--save_final", "false", "--max_completion_length", 6, "--arith_train_size", 64,
-            "--rollout_threads", 1, "--ray_cpus_per_worker", 1, "--ray_num_cpus", 4]
-RUNS = {   # algo -> (config file, options that make it tiny, plain, fast, Ray split)
+            "--rollout_threads", 1]
+RUNS = {   # algo -> (config file, options that make it tiny, plain, fast)
     "ppo": ("configs/ppo_arith.yaml",
             RL_SIZES + ["--per_device_train_batch_size", 8, "--mini_batch_size", 4, "--gradient_accumulation_steps", 2],
-            ["--fast_paths", "false"], ["--fast_paths", "true", "--parallel_roles", "on"],
-            ["--placement", "ray", "--resource_pools", "actor_pool=1,critic_pool=1",
-             "--role_pools", "ActorRolloutRef=actor_pool,Critic=critic_pool"]),
+            ["--fast_paths", "false"], ["--fast_paths", "true", "--parallel_roles", "on"]),
     "grpo": ("configs/grpo_arith.yaml",
              RL_SIZES + ["--per_device_train_batch_size", 4, "--num_generations", 4, "--mini_batch_size", 8,
                          "--gradient_accumulation_steps", 2],
-             ["--fast_paths", "false"], ["--fast_paths", "true", "--parallel_roles", "on"],
-             ["--placement", "ray", "--resource_pools", "actor_pool=1", "--role_pools", "ActorRolloutRef=actor_pool"]),
+             ["--fast_paths", "false"], ["--fast_paths", "true", "--parallel_roles", "on"]),
     "dpo": ("configs/dpo_arith.yaml",
             ["--num_pairs", 32, "--num_eval_pairs", 0, "--num_eval_prompts", 0, "--per_device_train_batch_size", 8,
              "--logging_steps", 1, "--eval_steps", 10**6],
-            ["--parallel_halves", "off", "--share_prompt_prefix", "false"], ["--parallel_halves", "on", "--share_prompt_prefix", "true"],
-            None),
+            ["--parallel_halves", "off", "--share_prompt_prefix", "false"], ["--parallel_halves", "on", "--share_prompt_prefix", "true"]),
 }
 
 
 def run(algo, out, which):
-    "Run `algo`'s tiny recipe through executor `which` ('plain', 'fast' or 'ray') into `out`; -> its metric rows."
+    "Run `algo`'s tiny recipe through executor `which` ('plain' or 'fast') into `out`; -> its metric rows."
     config, sizes, *executors = RUNS[algo]
-    extra = dict(zip(("plain", "fast", "ray"), executors))[which]
+    extra = dict(zip(("plain", "fast"), executors))[which]
     args = [algo, "--config", config, "--output_dir", out, *SHORT, *sizes, *extra]
     r = subprocess.run([sys.executable, str(WORKER), "--", *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT,
                        env=ENV, cwd=ROOT)
@@ -98,13 +94,3 @@ def test_fast_and_plain_report_the_same_metrics(tmp_path, plain, algo):
     assert differences(a, b) == []
     learning(a, "grad_norm" if algo == "dpo" else "actor/grad_norm")
     if algo == "ppo": learning(a, "critic/grad_norm")
-
-
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_colocate_and_ray_split_report_the_same_metrics(tmp_path, plain, algo):
-    "The roles on Ray pools (PPO's critic on a pool of its own) log what one colocated process logs."
-    pytest.importorskip("ray")
-    a, b = plain(algo), run(algo, tmp_path / "ray", "ray")
-    assert differences(a, b) == []
-    assert {w["pool"] for w in json.loads((tmp_path / "ray" / "ray_workers.json").read_text())} == (
-        {"actor_pool", "critic_pool"} if algo == "ppo" else {"actor_pool"})

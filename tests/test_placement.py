@@ -50,9 +50,11 @@ def assert_moving(rows):
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_colocate_and_ray_split_log_the_same_metrics(tmp_path, algo):
-    "PPO with a separate critic (actor+rollout+ref on one pool, critic on another) and GRPO: 3 steps, equal metrics."
-    run(cli(algo, tmp_path / "colocate", "--max_steps", 3))
-    run(cli(algo, tmp_path / "ray", "--max_steps", 3, "--placement", "ray", *SPLIT[algo]))
+    """PPO with a separate critic (actor+rollout+ref on one pool, critic on another) and GRPO: 3 steps, equal metrics.
+    Two micro-batches per optimiser step, so the pools' gradient accumulation and loss weights are compared too."""
+    accumulate = ("--max_steps", 3, "--gradient_accumulation_steps", 2)
+    run(cli(algo, tmp_path / "colocate", *accumulate))
+    run(cli(algo, tmp_path / "ray", *accumulate, "--placement", "ray", *SPLIT[algo]))
     a, b = metrics(tmp_path / "colocate"), metrics(tmp_path / "ray")
     assert len(a) == 3 and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
     assert_moving(a)
