@@ -73,7 +73,8 @@ from rlhf_nb.rollout import SamplingParams
 from rlhf_nb.core import logprobs_from_logits
 from rlhf_nb.workers import causal_lm_logits, sequence_positions
 cfg = GRPOConfig(rollout_engine="vllm", max_steps=1, eval_steps=0, output_dir="run", disable_tqdm=True, save_final=False,
-                 per_device_train_batch_size=4, num_generations=4, arith_train_size=64, max_completion_length=8, learning_rate=1e-2)
+                 per_device_train_batch_size=4, num_generations=4, arith_train_size=64, max_completion_length=8, learning_rate=1e-2,
+                 entropy_coef=0.01)   # the untrained policy may score 0 everywhere: the entropy term still moves it
 T = rl_trainer_class(cfg)(cfg).init_workers()
 before = {k: v.detach().clone() for k, v in T.unwrapped_policy.state_dict().items()}
 m = T.step()

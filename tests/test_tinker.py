@@ -71,9 +71,16 @@ def test_ppo_gives_no_gradient_on_clipped_tokens(service, batch):
 
 def test_two_forward_backwards_then_one_step_equal_one_call_on_all_the_data(service, batch):
     a, b = service.create_training_client("tiny").result(), service.create_training_client("tiny").result()
-    a.forward_backward(batch[:2], "cross_entropy"); a.forward_backward(batch[2:], "cross_entropy"); a.optim_step(ADAM).result()
-    b.forward_backward(batch, "cross_entropy"); b.optim_step(ADAM).result()
-    assert all(torch.allclose(x, y, atol=1e-6) for x, y in zip(params(a), params(b)))
+    a.forward_backward(batch[:2], "cross_entropy").result(); a.forward_backward(batch[2:], "cross_entropy").result()
+    b.forward_backward(batch, "cross_entropy").result()
+    ga, gb = grads(a), grads(b)
+    assert torch.allclose(ga, gb, rtol=1e-5, atol=1e-5 * float(gb.abs().max())), float((ga - gb).abs().max())   # gradients add up
+    # Adam's first step moves an element by about lr * sign(g) whatever |g| is, so an element whose gradient is at the
+    # level of float rounding (a sum of tiny terms in another order) may step either way: compare the others.
+    decided = gb.abs() > 1e-4 * float(gb.abs().max())
+    a.optim_step(ADAM).result(); b.optim_step(ADAM).result()
+    pa, pb = torch.cat([p.flatten() for p in params(a)]), torch.cat([p.flatten() for p in params(b)])
+    assert decided.float().mean() > 0.5 and torch.allclose(pa[decided], pb[decided], atol=1e-6), float((pa - pb)[decided].abs().max())
     assert all(p.grad is None for p in a.lm.trainable())                            # the step cleared the gradient
 
 
