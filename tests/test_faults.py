@@ -11,7 +11,7 @@ The runs are those of tests/test_resume.py (tiny, one thread each, bit-reproduci
 uninterrupted reference runs; `tests/_resume_worker.py --signal_at_log STEP --signal NAME` delivers a real signal
 right after step STEP's metrics row is written.
 """
-import json, os, resource, signal, subprocess, sys, time
+import json, resource, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest

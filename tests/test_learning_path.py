@@ -1,6 +1,6 @@
 """The learning path of nbs/index.ipynb (tools/path_words.py reads it): every notebook in exactly one part, every part
 with a reading time by the rule, and little prose before the first equation with a policy π in it. No notebook runs."""
-import sys
+import json, sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +46,7 @@ def test_reading_time_rule_by_hand(tmp_path, monkeypatch):
     "400 words of markdown (2 min) and 30 code lines (3 min; directives and blank lines not counted) read in 5 min."
     cell = lambda kind, src: {"cell_type": kind, "source": src, "metadata": {}}
     nb = {"cells": [cell("markdown", "word " * 400), cell("code", "#| export\n" + "x = 1\n\n" * 30)]}
-    (tmp_path / "toy.ipynb").write_text(__import__("json").dumps(nb))
+    (tmp_path / "toy.ipynb").write_text(json.dumps(nb))
     monkeypatch.setattr(pw, "NBS", tmp_path)
     assert pw.notebook_minutes("toy") == pytest.approx(5.0)
     assert pw.part_minutes(["toy"]) == 5 and pw.fmt_minutes(65) == "1 h 5 min" and pw.minutes("1 h 5 min") == 65
@@ -57,7 +57,7 @@ def test_prose_words_stop_at_the_first_pi_equation(tmp_path, monkeypatch):
     cell = lambda src: {"cell_type": "markdown", "source": src, "metadata": {}}
     a = {"cells": [cell("One two three `code \\pi` $x^2$ four."), cell("```\n$\\pi$ in a fence\n```\nfive six")]}
     b = {"cells": [cell("seven eight $\\pi_\\theta(y)$ nine ten"), cell("eleven")]}
-    for name, nb in (("a", a), ("b", b)): (tmp_path / f"{name}.ipynb").write_text(__import__("json").dumps(nb))
+    for name, nb in (("a", a), ("b", b)): (tmp_path / f"{name}.ipynb").write_text(json.dumps(nb))
     monkeypatch.setattr(pw, "NBS", tmp_path)
     assert pw.words_before_pi(["a", "b"]) == (8, ("b", 0, "$\\pi_\\theta(y)$"))
     assert pw.words_before_pi(["a"]) == (6, None)

@@ -5,7 +5,7 @@ Every run is a fresh process of the CLI's entry point (`tests/_resume_worker.py`
 reward for the arithmetic task, so a tiny untrained policy gets varying scores and real gradients), pinned to one
 torch thread per process so that results are bit-reproducible. Metrics are compared without the `time/` keys.
 Equality is exact (==) unless a test says otherwise."""
-import json, os, random, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 import pytest

@@ -3,7 +3,7 @@ interpreter), colocated in the trainer's process and as a server the trainer sta
 a GRPO update, the sampling metrics, and every bad input as one line with nothing lost.
 
 tools/test.sh sets RLHF_NB_REQUIRE_VLLM=1, so in CI a missing engine fails these tests instead of skipping them."""
-import contextlib, json, os, shutil, signal, socket, subprocess, sys, time
+import contextlib, json, os, signal, socket, subprocess, sys, time
 from pathlib import Path
 
 import pytest
