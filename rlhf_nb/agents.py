@@ -4,7 +4,7 @@
 
 # %% ../nbs/01ft_agents.ipynb #5b3040f7
 from __future__ import annotations
-import ast, inspect, json, operator, re, threading, time
+import ast, ctypes, inspect, json, multiprocessing, operator, re, signal, threading, time, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -13,6 +13,7 @@ from fastcore.basics import patch
 from transformers.utils import get_json_schema
 from .config import ConfigError, import_object     # import_object: importable from here too
 from .options import AgentArgs                       # declared without torch; importable from here too
+from .data import DataError
 from .arith import make_calc
 from .models import char_tokenizer, tiny_causal_lm
 from .files import expand_cache, save_atomic, write_json_atomic
@@ -22,11 +23,12 @@ from .rollout import SamplingParams, HFEngine, left_pad
 
 # %% auto #0
 __all__ = ['ENV_METHODS', 'TOOL_CALL_PARSERS', 'CHATML_TEMPLATE', 'ENVIRONMENTS', 'WARM_START_INFO', 'tool_schema',
-           'environment_tools', 'register_tool_call_parser', 'get_tool_call_parser', 'parse_hermes', 'call_tool',
-           'TemplateError', 'render_ids', 'env_turn_ids', 'grown_ids', 'check_template', 'roundtrip_mismatch',
-           'Trajectory', 'AgentLoop', 'trajectories_to_batch', 'tool_metrics', 'safe_eval', 'format_number',
-           'CalculatorEnv', 'calc_call', 'calc_demo', 'demo_sft', 'calc_warm_start', 'environment_factory',
-           'check_agent_args', 'make_agent_loop', 'attach_agent', 'agent_warm_start', 'agent_answers']
+           'environment_tools', 'register_tool_call_parser', 'get_tool_call_parser', 'parse_hermes', 'in_process',
+           'runs_in_process', 'ToolTimeout', 'ToolWorker', 'check_arguments', 'call_tool', 'TemplateError',
+           'render_ids', 'env_turn_ids', 'grown_ids', 'check_template', 'roundtrip_mismatch', 'Trajectory', 'AgentLoop',
+           'trajectories_to_batch', 'tool_metrics', 'safe_eval', 'format_number', 'CalculatorEnv', 'calc_call',
+           'calc_demo', 'demo_sft', 'calc_warm_start', 'environment_factory', 'check_agent_args', 'make_agent_loop',
+           'attach_agent', 'agent_warm_start', 'agent_answers']
 
 # %% ../nbs/01ft_agents.ipynb #e9341c28
 def tool_schema(fn):
@@ -56,15 +58,21 @@ def get_tool_call_parser(name):
 
 _HERMES_RE = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
 
+def _unreadable(e):
+    "Why a sampled tool call's JSON cannot be read, in one short line."
+    if isinstance(e, json.JSONDecodeError): return f"the tool call is not valid JSON ({e.msg} at character {e.pos})"
+    if isinstance(e, RecursionError): return "the tool call is not valid JSON (it nests too deeply)"
+    return f"the tool call is not valid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})"
+
 def _hermes_call(body):
     "One Hermes call body -> {'name', 'arguments'} or {'error'}."
     try: c = json.loads(body)
-    except json.JSONDecodeError as e: return {"error": f"the tool call is not valid JSON ({e.msg} at character {e.pos})"}
+    except (ValueError, RecursionError) as e: return {"error": _unreadable(e)}
     if not isinstance(c, dict) or not isinstance(c.get("name"), str): return {"error": "a tool call needs a JSON object with a 'name' string"}
     args = c.get("arguments", {})
     if isinstance(args, str):
         try: args = json.loads(args)
-        except json.JSONDecodeError: return {"error": f"the arguments of {c['name']!r} are not a JSON object"}
+        except (ValueError, RecursionError): return {"error": f"the arguments of {c['name']!r} are not a JSON object"}
     if not isinstance(args, dict): return {"error": f"the arguments of {c['name']!r} are not a JSON object"}
     return {"name": c["name"], "arguments": args}
 
@@ -74,27 +82,111 @@ def parse_hermes(text):
     return [_hermes_call(body.strip()) for body in _HERMES_RE.findall(text)]
 
 # %% ../nbs/01ft_agents.ipynb #ec5db126
-def _run_with_timeout(fn, kwargs, timeout):
-    "fn(**kwargs) on a daemon thread: -> ('ok', value) | ('raised', message) | ('timeout', None)."
+def in_process(fn):
+    "Mark tool `fn` as trusted to return quickly: it runs on a thread of this process, not in the tool worker."
+    fn.in_process = True; return fn
+
+def runs_in_process(fn):
+    "Whether tool `fn` runs in this process: an environment's (bound) method, or marked `@in_process`."
+    return inspect.ismethod(fn) or getattr(fn, "in_process", False) or "fork" not in multiprocessing.get_all_start_methods()
+
+def _call_text(fn, kwargs, max_chars):
+    "fn(**kwargs) -> ('ok', answer text) | ('raised', message), at most `max_chars` characters either way."
+    try:
+        v = fn(**kwargs)
+        return "ok", (v if isinstance(v, str) else json.dumps(v, default=str))[:max_chars]
+    except Exception as e:
+        try: return "raised", f"{type(e).__name__}: {e}"[:max_chars]
+        except Exception: return "raised", type(e).__name__
+
+class ToolTimeout(BaseException):
+    "Raised inside an in-process tool's thread when its time is up (a BaseException, so `except Exception` lets it pass)."
+
+def _run_in_thread(fn, kwargs, timeout, max_chars):
+    "fn(**kwargs) on a thread: -> ('ok', text) | ('raised', message) | ('timeout', None); a late thread is told to stop."
     box = {}
     def run():
-        try: box["ok"] = fn(**kwargs)
-        except Exception as e: box["raised"] = f"{type(e).__name__}: {e}"
+        try: box["r"] = _call_text(fn, kwargs, max_chars)
+        except ToolTimeout: pass
     t = threading.Thread(target=run, daemon=True, name="rlhf-nb-tool"); t.start(); t.join(timeout)
-    if t.is_alive(): return "timeout", None
-    return ("raised", box["raised"]) if "raised" in box else ("ok", box.get("ok"))
+    if not t.is_alive(): return box.get("r", ("raised", "the tool ended without an answer"))
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(t.ident), ctypes.py_object(ToolTimeout))
+    t.join(1.0)                                                          # a Python loop ends at its next instruction
+    return "timeout", None
 
-def call_tool(tools, call, timeout=10.0):
+# %% ../nbs/01ft_agents.ipynb #8dbdd626
+def _serve_tools(conn, funcs, max_chars):
+    "The tool worker's loop: (name, kwargs) in, ('ok' | 'raised', text) out, until the pipe closes."
+    for s in (signal.SIGTERM, signal.SIGINT): signal.signal(s, signal.SIG_DFL)
+    while True:
+        try: name, kwargs = conn.recv()
+        except (EOFError, OSError): return
+        conn.send(_call_text(funcs[name], kwargs, max_chars))
+
+class ToolWorker:
+    "Tool functions {name: fn} run in a forked child process that a timeout kills; a context manager that closes it."
+    def __init__(self, funcs, max_chars=65536): self.funcs, self.max_chars, self.proc, self.conn = dict(funcs), max_chars, None, None
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
+    def _start(self):
+        ctx = multiprocessing.get_context("fork")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_tools, args=(child, self.funcs, self.max_chars), daemon=True, name="rlhf-nb-tools")
+        with warnings.catch_warnings():                                  # Python >= 3.12 warns on fork beside threads
+            warnings.simplefilter("ignore", DeprecationWarning); self.proc.start()
+        child.close()
+    def call(self, name, kwargs, timeout):
+        "-> ('ok', text) | ('raised', message) | ('timeout', None); a call that times out takes its process with it."
+        if self.proc is None: self._start()
+        try: self.conn.send((name, kwargs))
+        except Exception as e: self.close(); return "raised", f"the arguments cannot be sent to the tool ({type(e).__name__})"
+        if not self.conn.poll(timeout): self.close(); return "timeout", None
+        try: return self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(1.0); code = self.proc.exitcode; self.close()
+            return "raised", f"the tool's process ended without an answer (exit code {code})"
+    def close(self):
+        "Kill and reap the child, if any; the next call starts a fresh one."
+        if self.proc is None: return
+        self.proc.kill(); self.proc.join(5.0); self.conn.close(); self.proc = self.conn = None
+
+# %% ../nbs/01ft_agents.ipynb #8c66626e
+_JSON_TYPES = {"integer": int, "number": (int, float), "string": str, "boolean": bool, "array": list, "object": dict,
+               "null": type(None)}
+
+def _is_json_type(v, want):
+    "Whether value `v` has JSON schema type `want` (a bool is neither an integer nor a number)."
+    return want == "boolean" if isinstance(v, bool) else isinstance(v, _JSON_TYPES[want])
+
+def check_arguments(fn, arguments, schema=None):
+    "Why `arguments` do not fit tool `fn` (its signature, then the types of its JSON `schema`), or None if they do."
+    try: inspect.signature(fn).bind(**arguments)
+    except TypeError as e: return str(e)
+    props = ((schema or {}).get("function", {}).get("parameters") or {}).get("properties") or {}
+    for k, v in arguments.items():
+        want = props[k].get("type") if isinstance(props.get(k), dict) else None
+        want = [w for w in ([want] if isinstance(want, str) else want or []) if w in _JSON_TYPES]
+        if want and not any(_is_json_type(v, w) for w in want): return f"{k!r} must be {' or '.join(want)}, got {type(v).__name__}"
+    return None
+
+def call_tool(tools, call, timeout=10.0, worker=None, schema=None, max_chars=65536):
     "Run one parsed `call` against `tools` {name: function}: -> (text for the model, failed). Never raises."
     if "error" in call: return f"Error: {call['error']}", True
-    fn = tools.get(call["name"])
-    if fn is None: return f"Error: unknown tool {call['name']!r}; tools: {', '.join(sorted(tools)) or 'none'}", True
-    try: inspect.signature(fn).bind(**call["arguments"])
-    except TypeError as e: return f"Error: wrong arguments for {call['name']}: {e}", True
-    status, value = _run_with_timeout(fn, call["arguments"], timeout)
-    if status == "timeout": return f"Error: {call['name']} did not answer within {timeout:g} s", True
-    if status == "raised": return f"Error: {value}", True
-    return (value if isinstance(value, str) else json.dumps(value, default=str)), False
+    name, fn = call["name"], tools.get(call["name"])
+    if fn is None: return f"Error: unknown tool {name!r}; tools: {', '.join(sorted(tools)) or 'none'}", True
+    try:
+        if schema is None:
+            try: schema = tool_schema(fn)
+            except ConfigError: schema = None
+        problem = check_arguments(fn, call["arguments"], schema)
+        if problem: return f"Error: wrong arguments for {name}: {problem}", True
+        if runs_in_process(fn): status, value = _run_in_thread(fn, call["arguments"], timeout, max_chars)
+        elif worker is not None and worker.funcs.get(name) is fn: status, value = worker.call(name, call["arguments"], timeout)
+        else:
+            with ToolWorker({name: fn}, max_chars) as w: status, value = w.call(name, call["arguments"], timeout)
+    except Exception as e: return f"Error: {name} could not be run ({type(e).__name__})", True
+    if status == "timeout": return f"Error: {name} did not answer within {timeout:g} s", True
+    return ("Error: " + value if status == "raised" else value), status == "raised"
 
 # %% ../nbs/01ft_agents.ipynb #5ba6213b
 class TemplateError(ConfigError):
@@ -190,11 +282,20 @@ class Trajectory:
         self.ids += list(ids); self.mask += [0] * len(ids); self.logprobs += [0.0] * len(ids)
 
 # %% ../nbs/01ft_agents.ipynb #cb812f62
+ENVIRONMENTS = {}                                                        # the built-in ones, by name (section 7 adds one)
+
+def _import_name(obj):
+    "The 'package.module:Name' of a class or function (how a config names it)."
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', type(obj).__name__)}"
+
 class AgentLoop:
     "Multi-turn, tool-calling episodes over a rollout engine: tools and/or an environment class (TRL's `environment_factory`)."
     def __init__(self, tokenizer, tools=(), environment_factory=None, tool_call_parser="hermes", max_tool_calling_iterations=None,
-                 max_tool_response_length=64, tool_timeout=10.0, max_prompt_length=None):
+                 max_tool_response_length=64, tool_timeout=10.0, max_prompt_length=None, environments=None):
         self.tokenizer, self.tools, self.factory = tokenizer, list(tools), environment_factory
+        self.environments = dict(ENVIRONMENTS if environments is None else environments)   # what a row may name
+        if environment_factory is not None and environment_factory not in self.environments.values():
+            self.environments[_import_name(environment_factory)] = environment_factory
         self.parse = get_tool_call_parser(tool_call_parser)
         self.max_iterations = 2 ** 31 if max_tool_calling_iterations is None else int(max_tool_calling_iterations)
         self.max_tool_response_length, self.tool_timeout, self.max_prompt_length = max_tool_response_length, tool_timeout, max_prompt_length
@@ -212,14 +313,29 @@ class AgentLoop:
     def __repr__(self): return f"AgentLoop(tools={[s['function']['name'] for s in self.schemas(self.factory() if self.factory else None)]})"
 
 # %% ../nbs/01ft_agents.ipynb #34e0fb3a
+def _short(v, n=80): r = repr(v); return r if len(r) <= n else r[:n] + "..."
+
 @patch
-def start(self: AgentLoop, row):
-    "(environment or None, {tool name: function}, prompt ids) of a new episode for dataset row `row`."
+def row_environment(self: AgentLoop, row, i=0):
+    "The environment class for dataset row `row` (number `i`): its registered `extra_info.environment`, else the run's."
     info = row.get("extra_info") or {}
-    factory = environment_factory(info["environment"]) if info.get("environment") else self.factory   # a row may name its own
+    if not isinstance(info, dict): raise DataError(f"row {i}: extra_info must be a mapping, got {type(info).__name__}")
+    name = info.get("environment")
+    if name is None or name == "": return self.factory
+    if isinstance(name, str) and name in self.environments: return self.environments[name]
+    where = f"row {i}" + (f" (extra_info.index {_short(info['index'], 20)})" if "index" in info else "")
+    raise DataError(f"{where}: extra_info.environment {_short(name)} is not an environment of this run; a row may name "
+                    f"{', '.join(sorted(self.environments))} (the configuration's environment option adds one)")
+
+@patch
+def start(self: AgentLoop, row, i=0):
+    "(environment or None, {tool name: function}, prompt ids) of a new episode for dataset row `row` (number `i`)."
+    factory, info = self.row_environment(row, i), row.get("extra_info") or {}
+    kwargs = info.get("tools_kwargs") or {}
+    if not isinstance(kwargs, dict): raise DataError(f"row {i}: extra_info.tools_kwargs must be a mapping, got {type(kwargs).__name__}")
     env = factory() if factory is not None else None
     msgs = [dict(m) for m in (row.get("raw_prompt") or row.get("prompt"))]
-    obs = env.reset(**(info.get("tools_kwargs") or {})) if env is not None else None
+    obs = env.reset(**kwargs) if env is not None else None
     if isinstance(obs, str) and obs: msgs[-1]["content"] = msgs[-1]["content"] + obs
     funcs = self.tools + (environment_tools(env) if env is not None else [])
     ids = render_ids(self.tokenizer, msgs, [tool_schema(f) for f in funcs], add_generation_prompt=True)
@@ -229,40 +345,46 @@ def start(self: AgentLoop, row):
 
 # %% ../nbs/01ft_agents.ipynb #4e7b0054
 @patch
-def env_answer(self: AgentLoop, traj, calls, tools, schemas):
+def env_answer(self: AgentLoop, traj, calls, tools, schemas, worker=None):
     "Run `calls` against `tools`, count them in `traj`; -> the environment's ids (tool messages and the next assistant header)."
-    msgs = []
+    msgs, by_name, cap = [], {s["function"]["name"]: s for s in schemas}, 32 * self.max_tool_response_length
     for c in calls:
-        text, failed = call_tool(tools, c, self.tool_timeout)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > self.max_tool_response_length:
+        text, failed = call_tool(tools, c, self.tool_timeout, worker, by_name.get(c.get("name")), max_chars=cap + 1)
+        ids = self.tokenizer(text[:cap], add_special_tokens=False)["input_ids"]
+        if len(ids) > self.max_tool_response_length or len(text) > cap:
             text = self.tokenizer.decode(ids[:self.max_tool_response_length]); traj.truncated_responses += 1
         traj.tool_calls += 1; traj.tool_failures += failed
         msgs.append({"role": "tool", "content": text})
     return env_turn_ids(self.tokenizer, msgs, schemas)
 
 # %% ../nbs/01ft_agents.ipynb #c1d0d810
+def _parse_safely(parse, text):
+    "The calls a parser reads in `text`; a parser that raises reads one unreadable call."
+    try: return list(parse(text))
+    except Exception as e: return [{"error": f"the tool calls of this turn cannot be read ({type(e).__name__})"}]
+
 @patch
 def run(self: AgentLoop, engine, rows, params, max_completion_length):
     "One episode per row of `rows`, sampled by `engine` with `params` (n=1 per turn): -> list of `Trajectory`."
-    starts = [self.start(r) for r in rows]
+    for i, r in enumerate(rows): self.row_environment(r, i)             # every row checked before any is started
+    starts = [self.start(r, i) for i, r in enumerate(rows)]
     trajs = [Trajectory(ids) for _, _, ids in starts]
     schemas = [[tool_schema(f) for f in tools.values()] for _, tools, _ in starts]
-    for rnd in range(self.max_iterations + 1):
-        active = [i for i, t in enumerate(trajs) if not t.done]
-        if not active: break
-        room = [max_completion_length - len(trajs[i].ids) for i in active]
-        p = replace(params, n=1, max_tokens=max(room), seed=None if params.seed is None else params.seed + 7919 * rnd)
-        for i, r, c in zip(active, room, engine.generate([trajs[i].prompt_ids + trajs[i].ids for i in active], p)):
-            t, ids = trajs[i], c.token_ids[:r]
-            t.add_sampled(ids, c.logprobs[:r] if c.logprobs is not None else None)
-            if not ids or ids[-1] != self.eos_token_id: t.stop_reason = "length"; continue
-            calls = self.parse(self.tokenizer.decode(ids, skip_special_tokens=True))
-            if not calls: t.stop_reason = "stop"; continue
-            if rnd == self.max_iterations: t.stop_reason = "max_turns"; continue
-            env_ids = self.env_answer(t, calls, starts[i][1], schemas[i])
-            t.add_env(env_ids[:r - len(ids)])
-            if len(t.ids) >= max_completion_length: t.stop_reason = "length"
+    with ToolWorker({f.__name__: f for f in self.tools if not runs_in_process(f)}) as worker:
+        for rnd in range(self.max_iterations + 1):
+            active = [i for i, t in enumerate(trajs) if not t.done]
+            if not active: break
+            room = [max_completion_length - len(trajs[i].ids) for i in active]
+            p = replace(params, n=1, max_tokens=max(room), seed=None if params.seed is None else params.seed + 7919 * rnd)
+            for i, r, c in zip(active, room, engine.generate([trajs[i].prompt_ids + trajs[i].ids for i in active], p)):
+                t, ids = trajs[i], c.token_ids[:r]
+                t.add_sampled(ids, c.logprobs[:r] if c.logprobs is not None else None)
+                if not ids or ids[-1] != self.eos_token_id: t.stop_reason = "length"; continue
+                calls = _parse_safely(self.parse, self.tokenizer.decode(ids, skip_special_tokens=True))
+                if not calls: t.stop_reason = "stop"; continue
+                if rnd == self.max_iterations: t.stop_reason = "max_turns"; continue
+                t.add_env(self.env_answer(t, calls, starts[i][1], schemas[i], worker)[:r - len(ids)])
+                if len(t.ids) >= max_completion_length: t.stop_reason = "length"
     for t, (env, _, _) in zip(trajs, starts):
         if env is not None and callable(getattr(env, "get_reward", None)): t.env_reward = float(env.get_reward())
     return trajs
@@ -337,7 +459,7 @@ class CalculatorEnv:
         self.calls += 1
         return format_number(safe_eval(expression))
 
-ENVIRONMENTS = {"calculator": CalculatorEnv}
+ENVIRONMENTS["calculator"] = CalculatorEnv
 
 # %% ../nbs/01ft_agents.ipynb #fa735003
 def calc_call(expression): return '<tool_call>' + json.dumps({"name": "calculate", "arguments": {"expression": expression}}) + '</tool_call>'
@@ -414,9 +536,10 @@ def make_agent_loop(args, tokenizer):
     "The `AgentLoop` of a run's options (`AgentArgs` fields), or None when they name no environment and no tools."
     env, tools = getattr(args, "environment", None), getattr(args, "tools", None)
     if env is None and not tools: return None
-    return AgentLoop(tokenizer, [import_object(t, "tool") for t in tools or []], environment_factory(env) if env else None,
-                     args.tool_call_parser, args.max_tool_calling_iterations, args.max_tool_response_length, args.tool_timeout,
-                     getattr(args, "max_prompt_length", None))
+    factory = environment_factory(env) if env else None
+    return AgentLoop(tokenizer, [import_object(t, "tool") for t in tools or []], factory, args.tool_call_parser,
+                     args.max_tool_calling_iterations, args.max_tool_response_length, args.tool_timeout,
+                     getattr(args, "max_prompt_length", None), {**ENVIRONMENTS, **({env: factory} if env else {})})
 
 def attach_agent(engine, args, tokenizer):
     "`engine` with the run's agent loop attached as `engine.agent` (None without tools); -> engine."
