@@ -4,17 +4,18 @@
 
 # %% ../nbs/00a_config.ipynb #8cc9d9e7
 from __future__ import annotations
-import argparse, dataclasses, difflib, importlib.util, json, textwrap, types, typing
+import argparse, dataclasses, difflib, importlib.util, json, math, re, stat, textwrap, types, typing, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
 
 # %% auto #0
-__all__ = ['RANGE_KEYS', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'field_arguments',
-           'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges', 'config_dirs',
-           'packaged_configs', 'find_config', 'parse_config', 'OverwriteArgs', 'CheckpointArgs', 'TrackingArgs',
-           'DataArgs', 'SupervisedArgs', 'option_declarations', 'repeated_options', 'import_object']
+__all__ = ['RANGE_KEYS', 'CONFIG_MAX_BYTES', 'OptionMetadata', 'option', 'range_text', 'in_range', 'ConfigError', 'holds_floats',
+           'field_arguments', 'add_dataclass_options', 'make_parser', 'option_names', 'unknown_options', 'check_ranges',
+           'config_dirs', 'packaged_configs', 'find_config', 'NoAliasLoader', 'read_yaml_config', 'parse_config',
+           'OverwriteArgs', 'nothing_to_resume', 'CheckpointArgs', 'TrackingArgs', 'DataArgs', 'SupervisedArgs',
+           'option_declarations', 'repeated_options', 'import_object']
 
 # %% ../nbs/00a_config.ipynb #8616afec
 RANGE_KEYS = ("min", "max", "gt", "lt")
@@ -46,6 +47,9 @@ class ConfigError(ValueError):
 
 class _Parser(argparse.ArgumentParser):
     "An `ArgumentParser` that raises `ConfigError` (one clear line) instead of printing usage and exiting."
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)                                       # `-1e-5`, `-inf`: values, not unknown options
+        self._negative_number_matcher = re.compile(r"^-((\d+\.?\d*|\.\d+)(e[-+]?\d+)?|inf|infinity|nan)$", re.I)
     def error(self, message): raise ConfigError(message)
 
 def _str_to_bool(v):
@@ -74,6 +78,11 @@ def _unwrap(hint):
     return args[0] if typing.get_origin(hint) in (typing.Union, types.UnionType) and len(args) == 1 else hint
 
 _METAVARS = {int: "INT", float: "FLOAT", str: "TEXT"}
+
+def holds_floats(hint):
+    "Whether an option of type `hint` holds floats (`float`, `Optional[float]`, `list[float]`): each must be finite."
+    t = _unwrap(hint)
+    return t is float or (typing.get_origin(t) is list and typing.get_args(t)[:1] == (float,))
 
 def field_arguments(f, hint):
     "argparse keywords of dataclass field `f` of type `hint`: type, nargs, default, metavar, choices and help."
@@ -121,6 +130,7 @@ def add_dataclass_options(parser, cls, hidden=()):
         kw["help"] = argparse.SUPPRESS if f.name in hidden else kw.get("help", "").replace("%", "%%")
         action = groups[g].add_argument(f"--{f.name}", dest=f.name, **kw)
         action.range = {k: f.metadata[k] for k in RANGE_KEYS if k in f.metadata}
+        action.finite = holds_floats(hints[f.name])                       # inf and nan parse as floats: refused
         if "_" in f.name: groups[g].add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, **{**kw, "help": argparse.SUPPRESS})
         if _unwrap(hints[f.name]) is bool and f.default is True:
             groups[g].add_argument(f"--no_{f.name}", dest=f.name, action="store_false", help=argparse.SUPPRESS)
@@ -152,9 +162,12 @@ def unknown_options(names, valid, dash="--", prog="rlhf-nb"):
     return "unknown options " + ", ".join(s + (f" (did you mean {m}?)" if (m := near(n)) else "") for s, n in zip(shown, names))
 
 def check_ranges(parser, ns, where="", dash="--"):
-    "Refuse a parsed value outside the range its option declares: ConfigError naming the option, the value and the range."
+    "Refuse a parsed value that is not finite (a float option) or outside its option's range: ConfigError naming both."
     for a in parser._actions:
         rng, v = getattr(a, "range", None), getattr(ns, a.dest, None)
+        bad = [x for x in (v if isinstance(v, list) else [v]) if isinstance(x, float) and not math.isfinite(x)]
+        if getattr(a, "finite", False) and bad:
+            raise ConfigError(f"{where}{dash}{a.dest} must be a finite number, got {bad[0]}")
         if rng and not in_range(v, rng): raise ConfigError(f"{where}{dash}{a.dest} {v} is out of range: it must be {range_text(rng)}")
     return ns
 
@@ -173,11 +186,41 @@ def packaged_configs():
 def find_config(name_or_path):
     "A YAML file that exists, or the shipped config named `grpo_arith` / `configs/grpo_arith.yaml`; ConfigError listing the names."
     p = Path(name_or_path).expanduser()
-    if p.is_file(): return p
+    if p.exists() and not p.is_dir(): return p
     shipped = packaged_configs()
     key = str(name_or_path).removeprefix("configs/").removesuffix(".yaml")
     if key in shipped: return shipped[key]
     raise ConfigError(f"config file not found: {name_or_path} (shipped configs: {', '.join(shipped) or 'none'})")
+
+# %% ../nbs/00a_config.ipynb #80986152
+CONFIG_MAX_BYTES = 1 << 20                                               # 1 MiB: a real config is under 2 KB
+
+class _AliasRefused(yaml.YAMLError): "A YAML alias in a configuration file."
+
+class NoAliasLoader(yaml.SafeLoader):
+    "yaml's `SafeLoader` that stops at the first alias (`*name`), before anything is expanded."
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            e = self.peek_event()
+            raise _AliasRefused(f"YAML alias *{e.anchor} on line {e.start_mark.line + 1} refused: a configuration file may not "
+                                "reuse an anchor (each alias can multiply what the file expands to)")
+        return super().compose_node(parent, index)
+
+def read_yaml_config(path, max_bytes=CONFIG_MAX_BYTES):
+    "The YAML value of configuration file `path`: a regular file of at most `max_bytes`, no aliases; ConfigError if not."
+    p = Path(path)
+    try: st = p.stat()
+    except OSError as e: raise ConfigError(f"{p}: cannot be read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode): raise ConfigError(f"{p}: not a regular file (a configuration file is YAML text)")
+    too_big = lambda n: ConfigError(f"{p}: {n} bytes is over the {max_bytes} bytes a configuration file may have")
+    if st.st_size > max_bytes: raise too_big(st.st_size)
+    with open(p, "rb") as f: data = f.read(max_bytes + 1)                 # bounded even if the file grew meanwhile
+    if len(data) > max_bytes: raise too_big(len(data))
+    try: return yaml.load(data.decode("utf-8"), Loader=NoAliasLoader)
+    except _AliasRefused as e: raise ConfigError(f"{p}: {e}") from None
+    except UnicodeDecodeError: raise ConfigError(f"{p}: not UTF-8 text") from None
+    except RecursionError: raise ConfigError(f"{p}: not valid YAML (nested too deeply)") from None
+    except yaml.YAMLError as e: raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
 
 # %% ../nbs/00a_config.ipynb #85aae2b6
 def _yaml_options(argv, parser, prog):
@@ -185,8 +228,7 @@ def _yaml_options(argv, parser, prog):
     i = argv.index("--config")
     if i + 1 >= len(argv): raise ConfigError("--config needs a YAML file path")
     path = find_config(argv[i + 1]); argv = argv[:i] + argv[i + 2:]
-    try: cfg = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e: raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    cfg = read_yaml_config(path)
     if cfg is not None and not isinstance(cfg, dict):
         raise ConfigError(f"{path}: expected a mapping of option: value, got {type(cfg).__name__}")
     unknown = [str(k) for k in (cfg or {}) if k not in option_names(parser)]
@@ -219,17 +261,33 @@ class OverwriteArgs:
     overwrite_output_dir: bool = option(False, "Replace what a previous run wrote in output_dir (metrics, checkpoints, model); "
                                         "without it a non-empty output_dir is refused (or give resume_from_checkpoint).")
 
+def nothing_to_resume(output_dir):
+    "Whether `output_dir` holds no checkpoint-N folder (so 'latest' starts over); ConfigError if it holds a finished run."
+    p = Path(output_dir)
+    if any(q.is_dir() and q.name.removeprefix("checkpoint-").isdigit() for q in p.glob("checkpoint-*")): return False
+    if done := [n for n in ("summary.json", "final") if (p / n).exists()]:
+        raise ConfigError(f"--resume_from_checkpoint latest: {p} holds a finished run ({', '.join(done)}) and no checkpoint-* "
+                          "folder to continue; pass --overwrite_output_dir true to train it again, or choose another --output_dir")
+    return True
+
 @dataclass
 class CheckpointArgs(OverwriteArgs):
     "The checkpoints of a run: how often `output_dir/checkpoint-N` is written, how many are kept, where to resume from."
     save_steps: int = option(0, "Write output_dir/checkpoint-N every this many steps (0 = none on a schedule; a run stopped by "
                              "SIGTERM/SIGINT still writes one to resume from).", min=0)
     save_total_limit: Optional[int] = option(2, "Keep at most this many checkpoints, the oldest deleted first (None or 0 = keep all).", min=0)
-    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder this command wrote, or 'latest' (the newest complete one in output_dir).")
+    resume_from_checkpoint: Optional[str] = option(None, "A checkpoint folder this command wrote, or 'latest': the newest "
+                                                   "complete one in output_dir, or step 0 when output_dir has none yet.")
 
     def __post_init__(self):
         if self.save_steps < 0: raise ValueError(f"save_steps must be >= 0 (0 = no checkpoints on a schedule), got {self.save_steps}")
         if (self.save_total_limit or 0) < 0: raise ValueError(f"save_total_limit must be >= 0 (None or 0 = keep all), got {self.save_total_limit}")
+        out = getattr(self, "output_dir", None)                          # declared by each stage's config
+        if self.resume_from_checkpoint == "latest" and out and nothing_to_resume(out):
+            used = Path(out).is_dir() and any(Path(out).iterdir())
+            warnings.warn(f"--resume_from_checkpoint latest: no checkpoint-* folder in {out} yet, so the run starts from step 0"
+                          + (" (the metrics an earlier run left there are replaced)" if used else ""))
+            self.resume_from_checkpoint, self.overwrite_output_dir = None, True
         getattr(super(), "__post_init__", lambda: None)()
 
 @dataclass
