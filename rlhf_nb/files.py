@@ -9,11 +9,12 @@ from pathlib import Path
 from .config import ConfigError
 
 # %% auto #0
-__all__ = ['FULL_ERRNOS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'RUN_FILES', 'CACHE_ENV', 'write_json_atomic', 'full_disk_errno',
-           'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
-           'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic', 'fresh_output_dir',
-           'save_model_folder', 'OutputDirBusy', 'pid_alive', 'read_lock', 'lock_output_dir', 'unlock_output_dir',
-           'held_by_live_run', 'run_files', 'check_output_dir', 'clear_run_files', 'cache_dir', 'expand_cache']
+__all__ = ['FULL_ERRNOS', 'SYSTEM_FOLDERS', 'TRACKER_FOLDERS', 'LOCK_NAME', 'RUN_FILES', 'CACHE_ENV', 'write_json_atomic',
+           'full_disk_errno', 'human_bytes', 'folder_bytes', 'DiskFull', 'disk_guard', 'file_size_limit', 'append_line',
+           'distributed_world', 'agree_disk_full', 'caught_disk_full', 'save_atomic', 'unsafe_output_dir',
+           'check_writable_dir', 'fresh_output_dir', 'save_model_folder', 'OutputDirBusy', 'refused_writes',
+           'pid_alive', 'read_lock', 'lock_output_dir', 'unlock_output_dir', 'held_by_live_run', 'run_files',
+           'check_output_dir', 'clear_run_files', 'cache_dir', 'expand_cache']
 
 # %% ../nbs/00g_files.ipynb #c8f1ffbb
 def write_json_atomic(path, obj):
@@ -144,11 +145,39 @@ def save_atomic(out, write):
         if tmp.exists(): shutil.rmtree(tmp, ignore_errors=True)
     return out
 
+# %% ../nbs/00g_files.ipynb #5ab03ea2
+SYSTEM_FOLDERS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv",
+                  "/sys", "/tmp", "/usr", "/var")
+
+def unsafe_output_dir(path):
+    "Why `path` must not be a run's output folder (the filesystem root, home or above it, a system folder), else None."
+    p, home = Path(path).expanduser().resolve(), Path.home().resolve()
+    if p == Path(p.anchor): return "the filesystem root"
+    if p == home: return "the home folder"
+    if p in home.parents: return f"a folder above the home folder {home}"
+    return "a system folder" if str(p) in SYSTEM_FOLDERS else None
+
+def check_writable_dir(path):
+    "`path` as a Path if a run may make it its output folder; else ConfigError: a file, under a file, a root, not writable."
+    p = Path(path)
+    if why := unsafe_output_dir(p):
+        raise ConfigError(f"--output_dir {p} is {why}: a run writes (and on --overwrite_output_dir deletes) files in its "
+                          "output folder; give it a folder of its own")
+    try:
+        if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
+        for parent in p.parents:
+            if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+        q = next(q for q in (p, *p.parents) if q.exists())                  # the folder that would hold it
+    except PermissionError as e: raise ConfigError(f"--output_dir {p} cannot be reached ({e.strerror}: {e.filename})") from None
+    if not os.access(q, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if os.statvfs(q).f_flag & os.ST_RDONLY else "is not writable by this user"
+        raise ConfigError(f"--output_dir {p} cannot be written: {'it' if q == p else q} {why}; choose another --output_dir")
+    return p
+
 # %% ../nbs/00g_files.ipynb #388f81e0
 def fresh_output_dir(path, overwrite=False):
-    "`path` as a Path that a new run may write: FileExistsError for a file, or a non-empty folder unless `overwrite`."
-    p = Path(path)
-    if p.exists() and not p.is_dir(): raise FileExistsError(f"--output_dir {p} exists and is not a folder")
+    "`path` as a Path a new run may write: ConfigError as `check_writable_dir`; a non-empty folder unless `overwrite`."
+    p = check_writable_dir(path)
     if p.exists() and any(p.iterdir()) and not overwrite:
         raise FileExistsError(f"--output_dir {p} is not empty; pass --overwrite_output_dir true or choose another folder")
     return p
@@ -170,6 +199,14 @@ LOCK_NAME = ".rlhf_nb.lock"
 
 class OutputDirBusy(FileExistsError): "Another live run holds this output folder's lock."
 
+@contextlib.contextmanager
+def refused_writes(out):
+    "Turn a write in output folder `out` that the system refuses (permission, read-only file system) into one ConfigError."
+    try: yield
+    except OSError as e:
+        if e.errno not in (errno.EACCES, errno.EPERM, errno.EROFS): raise
+        raise ConfigError(f"--output_dir {out} cannot be written ({e.strerror}): choose another --output_dir") from None
+
 def pid_alive(pid):
     "Whether a process with id `pid` exists on this host (one of another user counts)."
     try: os.kill(pid, 0)
@@ -185,11 +222,13 @@ def read_lock(lock):
 # %% ../nbs/00g_files.ipynb #aae0f314
 def lock_output_dir(output_dir):
     "Claim `output_dir` for this process (a lock file with PID, host, start); refuse a live run's, take over a dead one's."
-    out = Path(output_dir); out.mkdir(parents=True, exist_ok=True)
+    out = Path(output_dir)
+    with refused_writes(out): out.mkdir(parents=True, exist_ok=True)
     lock, host = out / LOCK_NAME, socket.gethostname()
     me = {"pid": os.getpid(), "host": host, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     for attempt in range(50):
-        try: fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        try:
+            with refused_writes(out): fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             held = read_lock(lock)
             if held is None and attempt < 10: time.sleep(0.05); continue    # its writer has not written it yet
@@ -227,16 +266,14 @@ def run_files(folder):
     return sorted({q.name for pat in RUN_FILES for q in p.glob(pat)}) if p.is_dir() else []
 
 def check_output_dir(path, overwrite=False, resume=None):
-    "Refuse, before any work, an output folder that cannot be one (a file, or under one) or that holds a run, unless `overwrite` or `resume`."
+    "Refuse, before any work, an output folder that cannot be one (`check_writable_dir`) or that holds a run (unless overwrite/resume)."
     if not path: return
-    p = Path(path)
-    if p.exists() and not p.is_dir(): raise ConfigError(f"--output_dir {p} exists and is not a folder")
-    for parent in p.parents:
-        if parent.exists() and not parent.is_dir(): raise ConfigError(f"--output_dir {p}: {parent} is a file, not a folder")
+    p = check_writable_dir(path)
     if held_by_live_run(p): return                                          # its lock refuses the new run in one line
     if not overwrite and not resume and (held := run_files(p)):
+        go_on = "--resume_from_checkpoint latest to continue it, " if any(h.startswith("checkpoint-") for h in held) else ""
         raise ConfigError(f"--output_dir {p} already holds a run ({', '.join(held[:3])}); pass --overwrite_output_dir true to "
-                          "replace it, --resume_from_checkpoint latest to continue it, or choose another folder")
+                          f"replace it, {go_on}or choose another folder")
 
 def clear_run_files(folder):
     "Delete what a previous run wrote in `folder` (RUN_FILES: metrics, samples, summary, final model, checkpoints); -> the names removed."
