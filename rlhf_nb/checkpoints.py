@@ -4,15 +4,16 @@
 
 # %% ../nbs/00i_checkpoints.ipynb #d1d6afa8
 from __future__ import annotations
-import json, os, random, shutil, warnings
+import json, math, os, random, shutil, stat, warnings
 from pathlib import Path
 import numpy as np
 import torch
 from .files import agree_disk_full, caught_disk_full, disk_guard, folder_bytes
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint', 'missing_files', 'resolve_checkpoint',
-           'CorruptCheckpoint', 'read_checked', 'torch_load', 'load_weights']
+__all__ = ['MAX_STATE_BYTES', 'MAX_STEP', 'STATE_FIELDS', 'rng_state', 'set_rng_state', 'list_checkpoints', 'write_checkpoint',
+           'CorruptCheckpoint', 'checked_file', 'read_checked', 'torch_load', 'check_trainer_state',
+           'read_trainer_state', 'missing_files', 'resolve_checkpoint', 'load_weights']
 
 # %% ../nbs/00i_checkpoints.ipynb #fa95a380
 def _random_state(r): v, keys, gauss = r.getstate(); return [v, list(keys), gauss]
@@ -72,6 +73,81 @@ def write_checkpoint(output_dir, step, write, state, rank=0, barrier=lambda: Non
     barrier()
     return final
 
+# %% ../nbs/00i_checkpoints.ipynb #b43fbd7e
+class CorruptCheckpoint(ValueError):
+    "A checkpoint file that cannot be read: truncated, garbage, refused by weights_only, or no regular file of its folder."
+
+_KINDS = {stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}
+
+def _rel(f, root):
+    try: return Path(f).relative_to(root)
+    except ValueError: return Path(f)
+
+def checked_file(f, root=None):
+    "`f` if it is a regular file, inside folder `root` when one is given (links resolved); else one CorruptCheckpoint line."
+    f, where = Path(f), Path(root) if root else Path(f).parent
+    if root is not None and not f.resolve().is_relative_to(where.resolve()):
+        raise CorruptCheckpoint(f"checkpoint {where}: {_rel(f, where)} leads outside the checkpoint folder (to {f.resolve()}): refused")
+    mode = f.stat().st_mode                                               # a missing file: FileNotFoundError
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "no file")
+        raise CorruptCheckpoint(f"checkpoint {where}: {_rel(f, where)} is {kind}, not a regular file: refused")
+    return f
+
+def read_checked(f, how, root=None):
+    "`how(f)` on a `checked_file`, any failure turned into one `CorruptCheckpoint` line naming the checkpoint `root` and the file."
+    try: return how(checked_file(f, root))
+    except CorruptCheckpoint: raise
+    except Exception as e:
+        root = Path(root) if root else Path(f).parent
+        reason = " ".join(str(e).split())[:200] or type(e).__name__
+        raise CorruptCheckpoint(f"checkpoint {root} is corrupt or truncated: {_rel(f, root)} ({type(e).__name__}: {reason})") from None
+
+def torch_load(f, root=None):
+    "A checkpoint's torch file: tensors and plain containers only (a pickle in it never runs)."
+    return read_checked(f, lambda p: torch.load(p, map_location="cpu", weights_only=True), root)
+
+# %% ../nbs/00i_checkpoints.ipynb #fb7ff31d
+MAX_STATE_BYTES, MAX_STEP = 64 << 20, 10**9                             # no real run takes a billion optimiser steps
+
+def _int_in(lo, hi): return lambda v: isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+def _number(v): return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+_STEP = (_int_in(0, MAX_STEP), f"an integer from 0 to {MAX_STEP}")
+STATE_FIELDS = {                                                         # field: (check, what it must be)
+    "global_step": _STEP, "step": _STEP, "nan_streak": _STEP,
+    "world_size": (_int_in(1, 1 << 20), "a positive integer"),
+    "order": (lambda v: isinstance(v, list) and all(map(_int_in(0, 1 << 62), v)), "a list of integers >= 0"),
+    "generator": (lambda v: isinstance(v, list) and all(map(_int_in(0, 255), v)), "a list of bytes"),
+    "sampler_state": (lambda v: isinstance(v, dict) and all(_int_in(0, 1 << 62)(v.get(k)) for k in ("epoch", "offset")),
+                      "{epoch, offset}: integers >= 0"),
+    "kl_ctl": (lambda v: isinstance(v, dict) and all(map(_number, v.values())), "a mapping of finite numbers"),
+    "last_acc": (lambda v: v is None or _number(v), "a finite number or null"),
+    "history": (lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v), "a list of rows"),
+    "config": (lambda v: isinstance(v, dict), "a mapping"), "algo": (lambda v: isinstance(v, str), "a string")}
+
+def check_trainer_state(state, path):
+    "`state` if it is a trainer state of the right shape for checkpoint `path`: each known field checked, the step its N."
+    where = f"checkpoint {path}: trainer_state.json"
+    if not isinstance(state, dict): raise CorruptCheckpoint(f"{where} is not a JSON object but {type(state).__name__}")
+    for k, v in state.items():
+        if k in STATE_FIELDS and not STATE_FIELDS[k][0](v):
+            raise CorruptCheckpoint(f"{where}: {k} must be {STATE_FIELDS[k][1]}, got {json.dumps(v)[:60]} ({type(v).__name__})")
+    step = state.get("global_step", state.get("step"))
+    if step is None: raise CorruptCheckpoint(f"{where} has no global_step")
+    n = Path(path).name.removeprefix("checkpoint-")
+    if n.isdigit() and int(n) != step: raise CorruptCheckpoint(f"{where}: its step {step} is not the folder's step {int(n)}")
+    return state
+
+def read_trainer_state(path, max_bytes=MAX_STATE_BYTES):
+    "The `trainer_state.json` of checkpoint folder `path`: read up to `max_bytes`, then `check_trainer_state`."
+    def load(f):
+        with open(f, "rb") as h: data = h.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise CorruptCheckpoint(f"checkpoint {path}: trainer_state.json is over the {max_bytes} bytes of a trainer state: refused")
+        return json.loads(data)
+    return check_trainer_state(read_checked(Path(path) / "trainer_state.json", load, path), path)
+
 # %% ../nbs/00i_checkpoints.ipynb #bab6405b
 def missing_files(path, files=("trainer_state.json", "optimizer.pt"), weights="policy"):
     "What a complete checkpoint has and folder `path` lacks: each of `files`, the `weights` folder and its safetensors."
@@ -80,38 +156,25 @@ def missing_files(path, files=("trainer_state.json", "optimizer.pt"), weights="p
     return miss + ([] if list((p / weights).glob("*.safetensors")) else [f"{weights}/*.safetensors"])
 
 def resolve_checkpoint(output_dir, path, missing):
-    "The checkpoint folder `path` names ('latest' = newest complete one in `output_dir`); incomplete ones are refused."
+    "The checkpoint folder `path` names ('latest': the newest complete one in `output_dir`), its state checked."
     if path == "latest":
         cps = list_checkpoints(output_dir)
         if not cps: raise FileNotFoundError(f"resume_from_checkpoint='latest' but no checkpoint-* folder in {output_dir}")
+        if out := [p for p in cps if not p.resolve().is_relative_to(Path(output_dir).resolve())]:
+            raise CorruptCheckpoint(f"{out[-1]} is a link to {out[-1].resolve()}, outside {output_dir}: not a checkpoint of "
+                                    "this run; move it away")
         complete = [p for p in cps if not missing(p)]
         for p in cps:
             if p not in complete: warnings.warn(f"skipping incomplete checkpoint {p} (missing {', '.join(missing(p))})")
-        if not complete: raise FileNotFoundError(f"resume_from_checkpoint='latest' but every checkpoint-* folder in {output_dir} is incomplete")
-        return complete[-1]
+        if not complete: raise FileNotFoundError(f"resume_from_checkpoint='latest' but every checkpoint-* folder in {output_dir} is "
+                                                 "incomplete: move them away to start over, or name a complete checkpoint folder")
+        path = complete[-1]
     path = Path(path)
     if not path.is_dir(): raise FileNotFoundError(f"resume_from_checkpoint: {path} is not a folder")
     if not (path / "trainer_state.json").exists(): raise FileNotFoundError(f"{path} is not a checkpoint (no trainer_state.json)")
     if missing(path): raise FileNotFoundError(f"resume_from_checkpoint: {path} is not a complete checkpoint (missing {', '.join(missing(path))})")
+    read_trainer_state(path)
     return path
-
-# %% ../nbs/00i_checkpoints.ipynb #b43fbd7e
-class CorruptCheckpoint(ValueError): "A checkpoint file that cannot be read (truncated, garbage, or refused by weights_only)."
-
-def read_checked(f, how, root=None):
-    "`how(f)`, any failure turned into one `CorruptCheckpoint` line naming the checkpoint `root` and the file."
-    try: return how(f)
-    except CorruptCheckpoint: raise
-    except Exception as e:
-        root = Path(root) if root else Path(f).parent
-        try: rel = Path(f).relative_to(root)
-        except ValueError: rel = f
-        reason = " ".join(str(e).split())[:200] or type(e).__name__
-        raise CorruptCheckpoint(f"checkpoint {root} is corrupt or truncated: {rel} ({type(e).__name__}: {reason})") from None
-
-def torch_load(f, root=None):
-    "A checkpoint's torch file: tensors and plain containers only (a pickle in it never runs)."
-    return read_checked(f, lambda p: torch.load(p, map_location="cpu", weights_only=True), root)
 
 # %% ../nbs/00i_checkpoints.ipynb #9d41a910
 def load_weights(model, folder, root=None):
