@@ -4,7 +4,7 @@
 
 # %% ../nbs/00k_engine.ipynb #d97816b1
 from __future__ import annotations
-import json, os, signal, socket, threading, time, warnings
+import os, signal, socket, threading, time, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from tqdm.auto import tqdm
 from .files import OutputDirBusy, lock_output_dir, unlock_output_dir
 from .tracking import RunLog
-from .checkpoints import load_weights, missing_files, read_checked, resolve_checkpoint, set_rng_state, torch_load, write_checkpoint
+from .checkpoints import load_weights, missing_files, read_trainer_state, resolve_checkpoint, set_rng_state, torch_load, write_checkpoint
 from .dist import Interrupted, StopSignals, note_rank_pids, rank_lost
 
 # %% auto #0
@@ -196,7 +196,7 @@ def restore(self: LoopCheckpoints, model, optimizer, scheduler, rng=None):
     "Load `resume_from_checkpoint` (a folder or 'latest') into the objects; -> its state dict (None for a fresh run)."
     if not self.resume: self.run_log.open(0); return None
     path = resolve_checkpoint(self.output_dir, self.resume, missing_files)
-    state = read_checked(path / "trainer_state.json", lambda p: json.loads(p.read_text()), path)
+    state = read_trainer_state(path)
     load_weights(model, path / "policy", root=path)
     opt = torch_load(path / "optimizer.pt", path)
     optimizer.load_state_dict(opt["optimizer"]); scheduler.load_state_dict(opt["scheduler"])
