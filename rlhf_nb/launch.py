@@ -36,7 +36,7 @@ _LAZY_NAMES = {"PPOConfig": "rl_config", "GRPOConfig": "algos", "run_rl": "algos
                "run_reward_model": "reward_model", "DemoArgs": "demo", "PlotArgs": "demo", "DPO_PANELS": "demo", "plot_runs": "demo",
                "run_demo": "demo", "check_model_path": "models", "prep_main": "prep", "check_dataset": "prep", "trl_main": "trl_pipelines",
                "parse_trl_args": "trl_pipelines", "trl_ppo_config": "trl_pipelines", "save_health": "health",
-               "format_warnings": "health", "serve_main": "rollout", "list_checkpoints": "checkpoints", "model_card": "tracking",
+               "format_warnings": "health", "serve_main": "rollout_server", "list_checkpoints": "checkpoints", "model_card": "tracking",
                "push_to_hub": "tracking", "ensure_cpu_distributed": "dist", "end_distributed": "dist", "exit_process": "dist",
                "process_state": "dist", "Interrupted": "dist", "RankLost": "dist", "DataError": "data", "WorkerLost": "placement",
                "RolloutEngineError": "rollout", "CorruptCheckpoint": "checkpoints", "UnknownEstimatorError": "core"}
@@ -569,7 +569,7 @@ def health_main(argv=None):
     print(Path(a.output_dir or a.run_dir) / "health.png"); return 0
 
 register_subcommand("health", health_main, "health dashboard of a run: health.png, health.json and rule warnings")
-register_subcommand("vllm-serve", "rlhf_nb.rollout:serve_main", "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
+register_subcommand("vllm-serve", "rlhf_nb.rollout_server:serve_main", "a rollout server (vLLM) for training with --vllm_mode server; TRL's `trl vllm-serve`")
 register_subcommand("tinker-serve", "rlhf_nb.tinker_serve:serve_main", "Tinker's training API on local models, for the unmodified tinker SDK (TINKER_BASE_URL)")
 
 # %% ../nbs/04c_launch.ipynb #65552d24

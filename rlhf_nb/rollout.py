@@ -4,15 +4,13 @@
 
 # %% ../nbs/01fr_rollout.ipynb #32bb8f9c
 from __future__ import annotations
-import argparse, gc, io, json, os, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import gc, io, json, os, secrets, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 from fastcore.basics import patch
 from .config import ConfigError
 from .options import ENGINES, VLLM_MODES, RolloutArgs   # declared without torch; importable from here too
@@ -25,8 +23,8 @@ from .speed import fast_rollout, prompt_groups
 __all__ = ['RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad', 'completions_to_batch',
            'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for', 'HFEngine',
            'save_for_engine', 'VLLMEngine', 'sample_for_trainer', 'batch_is_weights', 'ratio_inputs',
-           'logs_sampling_gap', 'sync_policy', 'rollout_table', 'check_rollout_args', 'make_rollout_engine', 'serve',
-           'serve_main', 'VLLMServerEngine']
+           'logs_sampling_gap', 'sync_policy', 'rollout_table', 'check_rollout_args', 'make_rollout_engine',
+           'VLLMServerEngine']
 
 # %% ../nbs/01fr_rollout.ipynb #bfe6d5b2
 class RolloutEngineError(RuntimeError):
@@ -214,7 +212,7 @@ class VLLMEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"               # engine core in this process: weights reachable, no spawn
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")              # GB of KV cache on a CPU
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")      # share the cores with the trainer, not pin them
-        self.vllm = _import_vllm()
+        self.vllm, self.model_path, self.max_model_len = _import_vllm(), Path(model_path), max_model_len
         kw = dict(model=str(model_path), dtype=dtype, max_model_len=max_model_len, seed=seed, logprobs_mode="processed_logprobs",
                   enable_prefix_caching=True)
         if torch.cuda.is_available(): kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
@@ -350,81 +348,14 @@ def _engine_on(args, folder, eos, pad, seed, bf16, max_model_len):
     return VLLMServerEngine.start(folder, eos, pad, python=args.vllm_server_python, host=args.vllm_server_host,
                                   timeout=args.vllm_server_timeout, **kw)
 
-# %% ../nbs/01fr_rollout.ipynb #d8758e58
-def _handler(engine, server_state):
-    "The HTTP handler class of `serve` for `engine`."
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a): pass
-        def _send(self, code, obj):
-            body = json.dumps(obj).encode()
-            self.send_response(code); self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body))); self.end_headers(); self.wfile.write(body)
-        def do_GET(self):
-            if self.path == "/health": self._send(200, {"status": "ok", "weight_version": engine.weight_version, "engine": engine.name})
-            else: self._send(404, {"error": f"no such endpoint {self.path}"})
-        def do_POST(self):
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            route = self.path.split("?")[0]
-            try:
-                if route == "/generate":
-                    req = json.loads(body)
-                    comps = engine.generate(req["prompts"], SamplingParams(**req.get("params", {})))
-                    self._send(200, {"completions": [asdict(c) for c in comps]})
-                elif route == "/update_weights":
-                    version = int(self.path.split("version=")[1]) if "version=" in self.path else None
-                    named = list(torch.load(io.BytesIO(body), weights_only=True).items())
-                    self._send(200, {"seconds": engine.update_weights(named, version)})
-                elif route in ("/sleep", "/wake_up"): getattr(engine, route[1:])(); self._send(200, {})
-                elif route == "/shutdown": self._send(200, {}); server_state["stop"] = True
-                else: self._send(404, {"error": f"no such endpoint {route}"})
-            except (ValueError, KeyError, TypeError) as e: self._send(400, {"error": f"{type(e).__name__}: {e}"})
-    return Handler
-
-def serve(engine, host="127.0.0.1", port=8000, ready=None, parent_pid=None):
-    "Answer the rollout protocol for `engine` on host:port until a `/shutdown`, or until process `parent_pid` is gone."
-    state = {"stop": False}
-    with HTTPServer((host, port), _handler(engine, state)) as httpd:
-        httpd.timeout = 1.0                                              # wake every second to look at the parent
-        if ready: ready(httpd.server_address)
-        while not state["stop"] and (parent_pid is None or _alive(parent_pid)): httpd.handle_request()
-    engine.shutdown()
-
-def _alive(pid):
-    "Whether process `pid` still exists."
-    try: os.kill(pid, 0); return True
-    except ProcessLookupError: return False
-    except PermissionError: return True
-
-# %% ../nbs/01fr_rollout.ipynb #29ec2301
-def serve_main(argv=None):
-    "`rlhf-nb vllm-serve --model PATH [--port 8000]`: a rollout server for the trainer's `vllm_mode: server`."
-    ap = argparse.ArgumentParser(prog="rlhf-nb vllm-serve", description=serve_main.__doc__)
-    ap.add_argument("--model", required=True, help="Model folder (written by the trainer, or any vLLM-loadable model).")
-    ap.add_argument("--host", default="127.0.0.1"); ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="hf: a server on transformers' generate (for tests and machines without vLLM).")
-    ap.add_argument("--dtype", default="float32"); ap.add_argument("--max_model_len", type=int, default=512)
-    ap.add_argument("--seed", type=int, default=0); ap.add_argument("--gpu_memory_utilization", type=float, default=0.3)
-    ap.add_argument("--enable_sleep_mode", action="store_true")
-    ap.add_argument("--parent_pid", type=int, default=None, help="Stop when this process is gone (set by a trainer that starts the server).")
-    a = ap.parse_args(argv)
-    if not Path(a.model).is_dir(): raise ConfigError(f"--model {a.model}: not a model folder")
-    t = AutoTokenizer.from_pretrained(a.model)
-    if a.engine == "hf":
-        engine = HFEngine(AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)), t.eos_token_id, t.pad_token_id, shared=False)
-    else:
-        engine = VLLMEngine(a.model, t.eos_token_id, t.pad_token_id, a.dtype, a.max_model_len, a.seed, a.gpu_memory_utilization,
-                            a.enable_sleep_mode)
-    serve(engine, a.host, a.port, ready=lambda addr: print(f"rollout server ({a.engine}) ready on {addr[0]}:{addr[1]}", flush=True),
-          parent_pid=a.parent_pid)
-    return 0
-
 # %% ../nbs/01fr_rollout.ipynb #c0336dfd
 class VLLMServerEngine(RolloutEngine):
     "The client of a rollout server (TRL's vllm_mode 'server'): the interface over HTTP; ids as JSON, weights as tensors."
     name = "vllm-server"
-    def __init__(self, host, port, eos_token_id, pad_token_id, timeout=240.0, process=None, log_path=None):
+    def __init__(self, host, port, eos_token_id, pad_token_id, timeout=240.0, process=None, log_path=None, api_key=None):
         super().__init__(eos_token_id, pad_token_id)
         self.host, self.port, self.timeout, self.process, self.log_path = host, int(port), float(timeout), process, log_path
+        self.api_key = api_key
         self.url = f"http://{host}:{self.port}"
 
     def _log_tail(self):
@@ -435,7 +366,10 @@ class VLLMServerEngine(RolloutEngine):
     def _call(self, route, payload=None, data=None, timeout=None):
         "POST (or GET without a body) to the server -> its JSON answer; RolloutEngineError in one line if it cannot."
         body = data if data is not None else (json.dumps(payload).encode() if payload is not None else None)
-        req = urllib.request.Request(self.url + route, data=body, method="GET" if body is None and route == "/health" else "POST")
+        headers = {"Content-Type": "application/json" if data is None else "application/octet-stream"}
+        if self.api_key: headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.url + route, data=body, headers=headers,
+                                     method="GET" if body is None and route == "/health" else "POST")
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r: return json.loads(r.read() or b"{}")
         except urllib.error.HTTPError as e:
@@ -464,9 +398,9 @@ def wait_ready(self: VLLMServerEngine):
         time.sleep(0.5)
 
 @patch(cls_method=True)
-def connect(cls: VLLMServerEngine, host, port, eos_token_id, pad_token_id, timeout=240.0):
-    "A client of a server someone started (`rlhf-nb vllm-serve`), once it answers."
-    return cls(host, port, eos_token_id, pad_token_id, timeout).wait_ready()
+def connect(cls: VLLMServerEngine, host, port, eos_token_id, pad_token_id, timeout=240.0, api_key=None):
+    "A client of a server someone started (`rlhf-nb vllm-serve`), once it answers; the key default is $RLHF_NB_API_KEY."
+    return cls(host, port, eos_token_id, pad_token_id, timeout, api_key=api_key or os.environ.get("RLHF_NB_API_KEY")).wait_ready()
 
 @patch(cls_method=True)
 def start(cls: VLLMServerEngine, model_path, eos_token_id, pad_token_id, python=None, host="127.0.0.1", port=None, timeout=240.0,
@@ -477,12 +411,14 @@ def start(cls: VLLMServerEngine, model_path, eos_token_id, pad_token_id, python=
     if not Path(python).exists(): raise RolloutEngineError(f"vllm_server_python {python} does not exist")
     port = port or _free_port(host)
     log_path = Path(log_path or Path(model_path).parent / "rollout_server.log")
-    cmd = [python, "-c", "import sys; from rlhf_nb.rollout import serve_main; sys.exit(serve_main())", "--model", str(model_path),
+    cmd = [python, "-c", "import sys; from rlhf_nb.rollout_server import serve_main; sys.exit(serve_main())", "--model", str(model_path),
            "--host", host, "--port", str(port), "--engine", engine, "--dtype", dtype, "--max_model_len", str(max_model_len),
            "--seed", str(seed), "--gpu_memory_utilization", str(gpu_memory_utilization), "--parent_pid", str(parent_pid or os.getpid())]
     cmd += ["--enable_sleep_mode"] if enable_sleep_mode else []
-    with open(log_path, "w") as log: proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    return cls(host, port, eos_token_id, pad_token_id, timeout, process=proc, log_path=log_path).wait_ready()
+    key = secrets.token_urlsafe(32)                                      # in the environment: a command line is public
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, "RLHF_NB_API_KEY": key})
+    return cls(host, port, eos_token_id, pad_token_id, timeout, process=proc, log_path=log_path, api_key=key).wait_ready()
 
 def _free_port(host="127.0.0.1"):
     with socket.socket() as s: s.bind((host, 0)); return s.getsockname()[1]
