@@ -437,11 +437,12 @@ def test_corrupt_checkpoint_console_script(ckpts, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_from_something_that_is_not_a_checkpoint(run, ckpts, tmp_path):
+def test_resume_from_something_that_is_not_a_checkpoint(run, ckpts, tmp_path, recwarn):
     one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--resume_from_checkpoint", ckpts / "ppo" / "checkpoint-1" / "policy"),
              f"{ckpts / 'ppo' / 'checkpoint-1' / 'policy'} is not a checkpoint (no trainer_state.json)")
-    one_line(*run("ppo", "--output_dir", tmp_path / "o", *TINY, "--resume_from_checkpoint", "latest"),
-             f"resume_from_checkpoint='latest' but no checkpoint-* folder in {tmp_path / 'o'}")
+    rc, lines = run("ppo", "--output_dir", tmp_path / "o", *TINY, "--resume_from_checkpoint", "latest")   # nothing yet: step 0
+    assert rc == 0 and (tmp_path / "o" / "checkpoint-1").is_dir(), lines
+    assert any(f"no checkpoint-* folder in {tmp_path / 'o'} yet, so the run starts from step 0" in str(w.message) for w in recwarn)
 
 
 
@@ -551,8 +552,12 @@ def test_no_eval_or_exec(mod):
 @pytest.mark.parametrize("mod", MODULES)
 def test_yaml_is_safe_loaded_and_pickle_only_between_our_own_processes(mod):
     t = tree(mod)
+    safe = {n.name for n in ast.walk(t) if isinstance(n, ast.ClassDef)             # yaml.load(..., Loader=a SafeLoader subclass)
+            and any(ast.unparse(b) in ("yaml.SafeLoader", "yaml.CSafeLoader") for b in n.bases)}
+    safe_load = lambda c: isinstance(kw(c, "Loader"), ast.Name) and kw(c, "Loader").id in safe
     bad = [f"line {c.lineno}: {ast.unparse(c.func)}" for f in ("yaml.load", "yaml.unsafe_load", "yaml.full_load",
-           "yaml.load_all", "yaml.unsafe_load_all", "pickle.load", "dill.load", "dill.loads") for c in calls(t, f)]
+           "yaml.load_all", "yaml.unsafe_load_all", "pickle.load", "dill.load", "dill.loads") for c in calls(t, f)
+           if not (f == "yaml.load" and safe_load(c))]
     # pickle.loads: only the math-verify worker protocol (parent <-> its own child over a pipe) in equivalence.py
     bad += [f"line {c.lineno}: pickle.loads" for c in calls(t, "pickle.loads") if mod != "equivalence.py"]
     assert not bad, f"{mod}: {bad}"
