@@ -12,7 +12,7 @@ __all__ = ['LOCAL_TYPES', 'SDK_TYPES', 'TINKER_LOSSES', 'EncodedTextChunk', 'Mod
            'add_async', 'ServiceClient', 'TrainingClient', 'SamplingClient', 'mean_token_weights', 'rl_datum']
 
 # %% ../nbs/04g_tinker.ipynb #b2895714
-import asyncio, copy, uuid
+import asyncio, copy, secrets, uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -346,7 +346,7 @@ class ServiceClient:
 # %% ../nbs/04g_tinker.ipynb #10223f81
 class TrainingClient:
     "Tinker's training client: the four primitives on one `LocalModel`, each returning a future."
-    def __init__(self, service, lm): self.service, self.lm, self.model_id = service, lm, f"run-{uuid.uuid4().hex[:8]}"
+    def __init__(self, service, lm): self.service, self.lm, self.model_id = service, lm, f"run-{secrets.token_urlsafe(12)}"
     def _run(self, fn, *a, **kw): return self.service.submit(fn, self.lm, *a, **kw)
     def _path(self, kind, name): return f"tinker://{self.model_id}/{kind}/{name}"
     def forward(self, data, loss_fn, loss_fn_config=None):
