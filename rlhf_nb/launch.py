@@ -9,12 +9,12 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
+import sys, argparse, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
-from .config import ConfigError, DataArgs, find_config, import_object, option, packaged_configs, parse_config
+from .config import ConfigError, DataArgs, find_config, import_object, option, packaged_configs, parse_config, read_yaml_config
 from .files import DiskFull, distributed_world, full_disk_errno, check_output_dir, clear_run_files
 from .tracking import log_progress
 
@@ -23,8 +23,8 @@ __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERROR_
            'GRPO_HIDDEN', 'GLOSSARY', 'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config',
            'launch_command', 'launch_env', 'register_subcommand', 'disk_full_error', 'main', 'LaunchArgs',
            'register_algorithm', 'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs',
-           'parse_train_args', 'train_main', 'glossary', 'relaunch', 'launch_status', 'run_launcher', 'sft_main',
-           'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
+           'parse_train_args', 'train_main', 'asks_latest', 'glossary', 'relaunch', 'launch_status', 'run_launcher',
+           'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
 
 # %% ../nbs/04c_launch.ipynb #82a0b759
 def _lazy(module):
@@ -123,12 +123,10 @@ def _builtin_config_path(name):
 def _read_accelerate_config(name_or_path):
     "(path, settings dict) of a config file or built-in name; ConfigError if accelerate could not read it."
     p = Path(str(name_or_path)).expanduser()
-    if not p.is_file():
-        if str(name_or_path) in ACCELERATE_CONFIGS: p = _builtin_config_path(str(name_or_path))
-        else: raise ConfigError(f"accelerate config not found: {name_or_path} (give a YAML file or a built-in name: "
-                                f"{', '.join(ACCELERATE_CONFIGS)})")
-    try: raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e: raise ConfigError(f"{p}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if str(name_or_path) in ACCELERATE_CONFIGS and not p.is_file(): p = _builtin_config_path(str(name_or_path))
+    elif not p.exists(): raise ConfigError(f"accelerate config not found: {name_or_path} (give a YAML file or a built-in "
+                                           f"name: {', '.join(ACCELERATE_CONFIGS)})")
+    raw = read_yaml_config(p)                                             # a regular file, size-capped, no aliases
     if not isinstance(raw, dict): raise ConfigError(f"{p}: an accelerate config must be a mapping, got {type(raw).__name__}")
     from accelerate.commands.config.config_args import load_config_from_file
     try: load_config_from_file(str(p))
@@ -344,8 +342,8 @@ STAGE_INPUTS = ("model_name_or_path", "reward_model_path", "value_model_path", "
 def stage_hint(path, config_dir="configs"):
     "`rlhf-nb SUB --config F` for the `config_dir/SUB_TASK.yaml` whose `output_dir` (or `out`) is `path`; None if none."
     for f in sorted(Path(config_dir).glob("*_*.yaml")):
-        try: d = yaml.safe_load(f.read_text())
-        except (yaml.YAMLError, OSError): continue
+        try: d = read_yaml_config(f)
+        except (ConfigError, OSError): continue                         # not a config (a pipe, a bomb, bad YAML): no hint
         out = d.get("output_dir") or d.get("out") if isinstance(d, dict) else None
         if out and Path(str(out)) == Path(str(path)): return f"rlhf-nb {f.stem.split('_')[0]} --config {f}"
     return None
@@ -382,12 +380,27 @@ def parse_train_args(algo, argv):
 
 def train_main(algo, argv=None):
     "`rlhf-nb ALGO [--config F.yaml] [--key value ...]`: parse, check, train. Returns 0."
-    cfg, data_args, largs = parse_train_args(algo, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cfg, data_args, largs = parse_train_args(algo, argv)
     if getattr(cfg, "overwrite_output_dir", False) and not getattr(cfg, "resume_from_checkpoint", None) and int(os.environ.get("RANK", "0") or 0) == 0 and (gone := clear_run_files(cfg.output_dir)):
-        print(f"rlhf-nb {algo}: --overwrite_output_dir: removed the previous run's {', '.join(gone)} from {cfg.output_dir}", file=sys.stderr)
+        why = (f"--resume_from_checkpoint latest found no checkpoint-* folder in {cfg.output_dir}, so the run starts over"
+               if asks_latest(argv) else f"--overwrite_output_dir: starting over in {cfg.output_dir}")
+        print(f"rlhf-nb {algo}: {why}: removed the previous run's {', '.join(gone)}", file=sys.stderr)
     summary = _resolve(ALGORITHMS[algo][1])(cfg, data_args)
     if largs.push_to_hub: push_run(algo, cfg, summary, largs)
     return 0
+
+# %% ../nbs/04c_launch.ipynb #a7e41c02
+def asks_latest(argv):
+    "Whether `argv` gives `--resume_from_checkpoint latest`, or its `--config` file does and no flag overrides it."
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    ap.add_argument("--config"); ap.add_argument("--resume_from_checkpoint", "--resume-from-checkpoint")
+    ns, _ = ap.parse_known_args(argv)
+    if ns.resume_from_checkpoint is None and ns.config:
+        d = read_yaml_config(find_config(ns.config))
+        ns.resume_from_checkpoint = d.get("resume_from_checkpoint") if isinstance(d, dict) else None
+    return ns.resume_from_checkpoint == "latest"
+
 
 # %% ../nbs/04c_launch.ipynb #cbdd46eb
 GRPO_HIDDEN = ("lam", "vf_coef", "critic_learning_rate", "cliprange_value", "value_model_name_or_path", "value_model_path",
