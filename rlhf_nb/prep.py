@@ -8,11 +8,11 @@ import errno, os, re, sys, json, time, random, shutil, inspect, warnings, argpar
 from pathlib import Path
 import torch
 import pyarrow as pa
-import yaml
 from .data import DataError, ROW_KINDS, SPLITS, Splits, HH_SUBSETS, HH_VARIANTS, validate_rows, write_parquet, read_rows
 from .data import prep_gsm8k, prep_math, prep_hh, prep_hellaswag, prep_rows
 from .arith import make_arith, prep_arith, prep_calc
-from .config import DataArgs, import_object            # DataArgs re-exported: `from rlhf_nb.prep import DataArgs` keeps working
+# DataArgs re-exported: `from rlhf_nb.prep import DataArgs` keeps working
+from .config import ConfigError, DataArgs, find_config, import_object, read_yaml_config
 
 
 # %% auto #0
@@ -138,9 +138,8 @@ def config_argv(argv):
         else: rest.append(argv[i])
         i += 1
     if path is None: return list(argv)
-    try: d = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e: raise DataError(f"--config {path}: {str(e).splitlines()[0]}") from None
-    if not isinstance(d, dict): raise DataError(f"--config {path}: expected a mapping of options")
+    d = read_yaml_config(find_config(path))                               # a regular file, size-capped, no aliases
+    if not isinstance(d, dict): raise ConfigError(f"--config {path}: expected a mapping of options")
     given = {a[2:].split("=")[0] for a in rest if a.startswith("--")}
     out = [str(d.pop("name"))] if "name" in d and not any(not a.startswith("-") for a in rest[:1]) else []
     for k, v in d.items():
@@ -153,9 +152,8 @@ FULL_DISK = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)   # a write refused for sp
 
 def prep_main(argv=None):
     "`rlhf-nb prep NAME --out DIR [--source PATH] [options]`: returns 0, or 1 with one error line on stderr."
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = config_argv(list(sys.argv[1:] if argv is None else argv))    # a bad --config file: ConfigError, status 2
     try:
-        argv = config_argv(argv)
         if any(a in ("-h", "--help") for a in argv): _prep_parser().print_help(); return 0
         a = vars(_prep_parser().parse_args(argv))
         name, out = a.pop("name"), a.pop("out")
