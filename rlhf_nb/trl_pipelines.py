@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 import torch
 from . import prep
-from .config import ConfigError, import_object, option, parse_config
+from .config import ConfigError, find_config, import_object, option, parse_config, read_yaml_config
 from .tracking import log_progress
 from .prep import DataArgs, parse_split, read_train_test, select_split
 from .dataset import to_trl_dpo, to_trl_grpo, to_trl_sft
@@ -102,13 +102,14 @@ def _trl_parser_class():
 
 def parse_trl_args(name, args=None, config=None, **overrides):
     "(ScriptArguments, <Trainer>Config, ModelConfig) for pipeline `name` from YAML `config`, CLI `args` and `overrides`."
-    entry, trl = get_trl_pipeline(name), _trl()
-    parser = _trl_parser_class()((pipeline_arguments(), entry.config_class, trl.ModelConfig), prog=f"rlhf-nb trl {name.lower()}")
-    parser.set_defaults(report_to="none", output_dir=f"runs/trl_{name.lower()}", model_name_or_path="tiny", **_cpu_defaults())
     argv = list(args or [])
     if config is not None:
         if not Path(config).is_file(): raise FileNotFoundError(f"config file not found: {config}")
         argv = ["--config", str(config)] + argv
+    if "--config" in argv[:-1]: read_yaml_config(argv[argv.index("--config") + 1])   # checked before TRL's parser reads it
+    entry, trl = get_trl_pipeline(name), _trl()
+    parser = _trl_parser_class()((pipeline_arguments(), entry.config_class, trl.ModelConfig), prog=f"rlhf-nb trl {name.lower()}")
+    parser.set_defaults(report_to="none", output_dir=f"runs/trl_{name.lower()}", model_name_or_path="tiny", **_cpu_defaults())
     script_args, train_args, model_args, rest = parser.parse_args_and_config(argv, return_remaining_strings=True)
     if rest: raise ConfigError(f"unknown option(s) for the {name.upper()} pipeline: {' '.join(rest)}")
     objs = [script_args, train_args, model_args]
@@ -217,8 +218,8 @@ def _with_trainer_kwargs(trainer_class, kwargs, extra):
 def trl_pipeline(name, args=None, *, config=None, model=None, tokenizer=None, train_dataset=None, eval_dataset=None,
                  reward_funcs=None, trainer_kwargs=None, config_kwargs=None, train=True, save=True, **overrides):
     "Run TRL's `name` trainer (SFT, DPO, GRPO, RLOO, REWARD) on rlhf-nb data from YAML/flags/`config_kwargs`. -> the trainer"
-    entry = get_trl_pipeline(name)
     script_args, train_args, model_args = parse_trl_args(name, args, config, **{**(config_kwargs or {}), **overrides})
+    entry = get_trl_pipeline(name)
     model, tokenizer = load_model_and_tokenizer(model_args, model, tokenizer, entry.model_kind, train_args.trust_remote_code)
     train_ds, eval_ds = pipeline_datasets(entry, script_args, train_dataset, eval_dataset, seed=train_args.seed)
     if entry.model_kind == "value" and model_args.lora_task_type == "CAUSAL_LM": model_args.lora_task_type = "SEQ_CLS"
@@ -278,9 +279,8 @@ def _given_options(argv):
     "Option names set by `argv`: its `--flags` and the keys of its `--config` YAML file."
     names = {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
     if "--config" in argv and argv.index("--config") + 1 < len(argv):
-        import yaml
-        p = Path(argv[argv.index("--config") + 1])
-        if p.is_file(): names |= set(yaml.safe_load(p.read_text()) or {})
+        d = read_yaml_config(find_config(argv[argv.index("--config") + 1]))   # as parse_config read it
+        if isinstance(d, dict): names |= set(d)
     return names - {"config"}
 
 def trl_ppo_config(argv, world_size=None):
