@@ -15,9 +15,10 @@ from .core import (masked_mean, masked_whiten, kl_penalty, apply_kl_penalty, val
                           get_kl_controller, get_adv_estimator, informative_groups)
 from .files import agree_disk_full, caught_disk_full
 from .tracking import RunLog, step_samples, append_samples, cut_samples, step_reward_metrics
-from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, set_rng_state
+from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_trainer_state, torch_load, set_rng_state
 from .dist import merge_rank_metrics, make_accelerator
 from .engine import NanGuard, TimeBudget, RunGuard, RunLoop
+from .data import DataError
 from .prep import load_split, held_out_spec
 from .dataset import RLHFDataset, render_prompt, select_rows
 from .models import (load_tokenizer, load_causal_lm, load_value_model, load_config, load_kwargs, value_model_from_policy,
@@ -25,7 +26,7 @@ from .models import (load_tokenizer, load_causal_lm, load_value_model, load_conf
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy
-from .agents import attach_agent, agent_warm_start, agent_answers
+from .agents import attach_agent, agent_warm_start, agent_answers, make_agent_loop
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
 from .rollout import make_rollout_engine, sample_for_trainer, sync_policy, batch_is_weights, ratio_inputs, logs_sampling_gap
@@ -133,7 +134,7 @@ def _rows(self: RLTrainer, spec, split, n):
 # %% ../nbs/02_ppo.ipynb #8ea28dac
 @patch
 def _load_data(self: RLTrainer):
-    "Training prompts as an `RLHFDataset`, held-out rows for evaluation, and the batch-size checks."
+    "Training prompts as an `RLHFDataset`, held-out rows for evaluation, each row's environment and the batch sizes checked."
     cfg, tok = self.config, self.tokenizer
     if self.train_dataset is None: self.train_dataset = self._rows(cfg.dataset, "train", cfg.arith_train_size)
     if not hasattr(self.train_dataset, "collate"):
@@ -145,11 +146,15 @@ def _load_data(self: RLTrainer):
     elif isinstance(self.eval_dataset, (str, Path)): self.eval_dataset = self._rows(str(self.eval_dataset), "test", cfg.eval_size)
     elif hasattr(self.eval_dataset, "rows"): self.eval_dataset = self.eval_dataset.rows      # an RLHFDataset
     if self.eval_dataset: self.eval_dataset = RLHFDataset(self.eval_dataset, tok, cfg.max_prompt_length).rows   # same length cut as training
+    agent = make_agent_loop(cfg, tok)                                    # a row may pick only the run's environments
+    for name, rows in (("train", getattr(self.train_dataset, "rows", [])), ("eval", self.eval_dataset or [])) if agent else ():
+        try:
+            for i, row in enumerate(rows): agent.row_environment(row, i)
+        except DataError as e: raise DataError(f"{name} dataset: {e}") from None
     if len(self.train_dataset) < cfg.per_device_train_batch_size * self.world:
         raise ValueError(f"train dataset has {len(self.train_dataset)} prompts, fewer than one step needs "
                          f"({cfg.per_device_train_batch_size} x {self.world} processes)")
-    n_ep = cfg.episodes_per_step
-    self.mini_batch_size = cfg.mini_batch_size or n_ep
+    n_ep = cfg.episodes_per_step; self.mini_batch_size = cfg.mini_batch_size or n_ep
     if n_ep % self.mini_batch_size or self.mini_batch_size % cfg.gradient_accumulation_steps:
         raise ValueError(f"episodes per step ({n_ep}) must be a multiple of mini_batch_size ({self.mini_batch_size}), "
                          f"itself a multiple of gradient_accumulation_steps ({cfg.gradient_accumulation_steps})")
@@ -242,8 +247,7 @@ def next_batch(self: RLTrainer):
     if self.sampler_state["offset"] + per_step > n:
         self.sampler_state = {"epoch": self.sampler_state["epoch"] + 1, "offset": 0}
     g = torch.Generator().manual_seed(self._shuffle_seed * 100003 + self.sampler_state["epoch"])
-    perm = torch.randperm(n, generator=g)
-    start = self.sampler_state["offset"]
+    perm, start = torch.randperm(n, generator=g), self.sampler_state["offset"]
     mine = perm[start:start + per_step][self.rank::self.world]
     self.sampler_state = {**self.sampler_state, "offset": start + per_step}
     batch = self.train_dataset.collate([self.train_dataset[i] for i in mine.tolist()])
@@ -284,8 +288,7 @@ def _whiten(self: RLTrainer, x, mask, shift_mean=True, eps=1e-8):
     if self.world == 1: return masked_whiten(x, mask, shift_mean, eps)
     m = mask.to(x.dtype)
     s = self.accelerator.reduce(torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()]), "sum")
-    n = s[2]
-    if n < 2: raise ValueError(f"whitening needs at least 2 valid tokens over all processes, got {int(n)}")
+    if (n := s[2]) < 2: raise ValueError(f"whitening needs at least 2 valid tokens over all processes, got {int(n)}")
     mean = s[0] / n
     var = (s[1] / n - mean ** 2).clamp_min(0) * n / (n - 1)             # Bessel-corrected, as masked_var
     out = (x - mean) * torch.rsqrt(var + eps)
@@ -459,8 +462,7 @@ def evaluate(self: RLTrainer):
     "Held-out greedy answers scored by `val_reward_fn` on the main process: {'eval/n', 'eval/accuracy' | 'eval/rm_score', ...}."
     out = {}
     if self.accelerator.is_main_process and self.eval_dataset:
-        pol, rows = self.unwrapped_policy, self.eval_dataset
-        was = pol.training
+        pol, rows = self.unwrapped_policy, self.eval_dataset; was = pol.training
         prompts = [render_prompt(self.tokenizer, r["prompt"]) for r in rows]
         agent, n, bs = getattr(self.rollout, "agent", None), self.config.max_completion_length, self.config.eval_batch_size
         answers = agent_answers(agent, pol, self.tokenizer, rows, n, bs) if agent else generate_greedy(pol, self.tokenizer, prompts, n, bs)
@@ -494,7 +496,7 @@ def save_checkpoint(self: RLTrainer):
 def load_checkpoint(self: RLTrainer, path):
     "Resume from a checkpoint folder, or from the newest complete one in `output_dir` when `path == 'latest'`."
     path = resolve_checkpoint(self.config.output_dir, path, missing_files)
-    state = read_checked(path / "trainer_state.json", lambda p: json.loads(p.read_text()), path)
+    state = read_trainer_state(path)                                     # bounded and checked, as resolve_checkpoint read it
     if "config" in state and run_kind(state["config"]) != run_kind(self.config):
         say = lambda k: f"{k[0]} (critic: {k[1]}{', peft' if k[2] else ''})"
         raise ValueError(f"checkpoint {path} was written by a {say(run_kind(state['config']))} run; this run is "
@@ -542,9 +544,8 @@ def record_samples(self: RLTrainer, data, n=4):
     "Append `n` rollouts of this step and its largest-KL one to `output_dir/samples.jsonl` (main process writes, every rank agrees on a full disk)."
     path, box = Path(self.config.output_dir) / "samples.jsonl", [None]
     if self.accelerator.is_main_process:
-        kl = data.get("kl")
+        kl, tok = data.get("kl"), self.tokenizer
         if kl is None and "ref_log_probs" in data: kl = kl_penalty(data["old_log_probs"], data["ref_log_probs"], self.config.kl_estimator)
-        tok = self.tokenizer
         decode = lambda ids: tok.decode(ids, skip_special_tokens=True)
         with caught_disk_full(box): append_samples(self.config.output_dir, step_samples(self.global_step + 1, data, decode, tok.convert_ids_to_tokens, n, kl))
     agree_disk_full(box[0], path)                                       # a full disk: every rank stops with the same line
@@ -588,8 +589,7 @@ def fit(self: RLTrainer):
 def ppo_main(argv=None):
     "Entry point: `python -m rlhf_nb.ppo --config configs/ppo_arith.yaml [--key value ...]`; returns 0."
     (cfg,) = parse_config((PPOConfig,), sys.argv[1:] if argv is None else argv, prog="python -m rlhf_nb.ppo")
-    trainer = RLTrainer(cfg)
-    hist = trainer.fit()
+    hist = (trainer := RLTrainer(cfg)).fit()
     if trainer.accelerator.is_main_process:
         evals = [h["eval/accuracy"] for h in hist if "eval/accuracy" in h]
         print(json.dumps({"steps": trainer.global_step, "output_dir": cfg.output_dir, "eval_accuracy": evals}))
