@@ -18,7 +18,7 @@ from .data import DataError, validate_rows
 from .prep import read_train_test
 from .files import save_atomic, write_json_atomic
 from .tracking import RunLog
-from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_checked, torch_load, load_weights, set_rng_state
+from .checkpoints import write_checkpoint, resolve_checkpoint, missing_files, read_trainer_state, torch_load, load_weights, set_rng_state
 from .options import AccelerateArgs, LoadArgs, LoraArgs, check_accelerate_args
 from .dist import make_accelerator, process_state, gather_checksums, peak_memory
 from .engine import RunGuard, RunLoop, NanGuard, TimeBudget, make_adamw
@@ -460,7 +460,7 @@ def save_checkpoint(self: DPOTrainer):
 def load_checkpoint(self: DPOTrainer, path):
     "Continue from a DPO checkpoint folder, or from the newest complete one in output_dir when `path='latest'`."
     path = resolve_checkpoint(self.config.output_dir, path, missing_files)
-    state = read_checked(path / "trainer_state.json", lambda p: json.loads(p.read_text()), path)
+    state = read_trainer_state(path)                                     # bounded and checked, as resolve_checkpoint read it
     if state.get("algo") != "dpo":
         raise ValueError(f"resume_from_checkpoint: {path} was not written by the DPO trainer (algorithm {state.get('algo', 'RL trainer')!r})")
     load_weights(self.model, path / "policy", root=path)
