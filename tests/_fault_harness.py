@@ -6,9 +6,10 @@ One interpreter imports rlhf_nb once; every run is a forked child of it (no impo
 short budget) that calls the CLI's `rlhf_nb.launch.main` on the tiny runs of tests/test_resume.py (GRPO or DPO, one
 thread, the dense arith reward of tests/_resume_worker.py). For each fault: a child starts the run, the harness
 SIGKILLs it after a random delay drawn over the whole length of an uninterrupted run (start-up, mid-step, mid-write
-of a checkpoint or metrics line, all possible), then restarts it with `--resume_from_checkpoint latest` (or from
-scratch if it died before its first checkpoint) until it finishes, and compares metrics.jsonl and the final weights
-with the uninterrupted run of the same algorithm. Prints each fault and the totals; exit status 1 on any mismatch.
+of a checkpoint or metrics line, all possible), then restarts it with `--resume_from_checkpoint latest`, the advice
+of every fault's error line (it starts over when the run died before its first checkpoint), until it finishes, and
+compares metrics.jsonl and the final weights with the uninterrupted run of the same algorithm. Prints each fault and
+the totals; exit status 1 on any mismatch.
 """
 import argparse, os, random, signal, sys, tempfile, time
 from pathlib import Path
@@ -44,9 +45,9 @@ def wait(pid):
 
 
 def run_to_end(algo, out):
-    "Restart `algo` into `out` until it finishes: from `latest` when a checkpoint exists, else from scratch; -> restarts."
+    "Restart `algo` into `out` with `--resume_from_checkpoint latest` (what the error lines advise) until it finishes; -> restarts."
     for n in range(1, 4):
-        rc = wait(start(argv(algo, out, *(["--resume_from_checkpoint", "latest"] if checkpoints(out) else ["--overwrite_output_dir", "true"]))))
+        rc = wait(start(argv(algo, out, "--resume_from_checkpoint", "latest")))   # no checkpoint yet: latest starts over
         if rc == 0: return n
     raise AssertionError(f"{out}: the resumed run failed (exit status {rc})")
 
