@@ -12,6 +12,7 @@ CHECKS = {
     "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
     "rlhf_nb.rollout": "b = m.completions_to_batch([[5, 6], [7]], [m.Completion([9, 2], [-0.5, -0.1], 'stop'), m.Completion([4], [-1.0], 'length')], 2, 0); assert m.prompt_lists(b['prompts'], b['prompt_mask']) == [[5, 6], [7]] and m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
+    "rlhf_nb.rollout_server": "assert m.ServerLimits().max_request_samples == 1024 and m.exposure_warning('127.0.0.1', 1, None) is None",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
     "rlhf_nb.equivalence": "import sys; assert m.guarded_verify('0.5', r'\\frac12', isolation='process') == (True, 'ok') and 'torch' not in sys.modules",
     "rlhf_nb.reward_model": "import torch; assert m.bradley_terry_loss(torch.zeros(2), torch.zeros(2)).item() > 0.69 and m.RMArgs().output_dir",
@@ -44,6 +45,7 @@ CHECKS = {
     "rlhf_nb.overopt_gold": "assert m.gold_score('12 #### 12', '12') == 1.0 and abs(m.bon_kl_bound(2) - (__import__('math').log(2) - 0.5)) < 1e-12",
     "rlhf_nb.overopt": "assert m.quick_args(m.OveroptArgs(quick=True)).rl_steps == m.QUICK['rl_steps'] and m.check_args(m.OveroptArgs())['bon_ns'][-1] == 64",
     "rlhf_nb.tinker_api": "d = m.types.Datum(model_input=m.types.ModelInput.from_ints([1, 2]), loss_fn_inputs={'target_tokens': [2, 3]}); assert len(m.check_data([d], 'cross_entropy')[1]) == 1",
+    "rlhf_nb.serve_guard": "assert m.host_of('[::1]:80') == '::1' and m.exposure_warning('s', '127.0.0.1') is None and m.Gate().admit({'host': 'localhost'}) == ''",
     "rlhf_nb.tinker_serve": "import numpy as np; from rlhf_nb.tinker_api import SDK_TYPES; assert callable(m.serve_main) and (not SDK_TYPES or m.TinkerServer(root=__import__('tempfile').mkdtemp()).handle('client/config', {})[0] == 200)",
 }
 
