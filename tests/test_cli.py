@@ -1,7 +1,9 @@
-"""The `rlhf-nb` console script end to end, in subprocesses: every subcommand's --help, bad configuration (one
-stderr line, non-zero exit, nothing written), the training subcommands on the tiny model, the chain
-sft -> eval -> plot, the module entry point under `accelerate launch`, and the demo's hub code path (offline,
-on local GSM8K rows and a tiny model standing in for Qwen)."""
+"""The `rlhf-nb` command line end to end: every subcommand's --help, bad configuration (one stderr line, non-zero
+exit, nothing written), the training subcommands on the tiny model, the chain sft -> eval -> plot, the module entry
+point under `accelerate launch`, and the demo's hub code path (offline, on local GSM8K rows and a tiny model standing
+in for Qwen). The real console script runs in subprocesses (top-level help, the module entry point, training, the
+launcher); the per-subcommand help and the bad-configuration corpus call the same `rlhf_nb.launch.main` in this
+process, in the case's folder (one interpreter start-up instead of thirty)."""
 import dataclasses, importlib, json, os, pkgutil, shutil, subprocess, sys
 from pathlib import Path
 
@@ -34,6 +36,23 @@ def rlhf_nb(*args, cwd, timeout=600, module=False):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=ENV, cwd=cwd)
 
 
+class Result:
+    "What a run of the command line left: exit status, stdout, stderr (as subprocess.CompletedProcess names them)."
+    def __init__(self, returncode, stdout, stderr): self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def in_process(capsys, monkeypatch):
+    "`rlhf-nb ARGS` as `launch.main(ARGS)` in this process, in folder `cwd` -> Result."
+    monkeypatch.delenv("RLHF_NB_DEBUG", raising=False)
+    def _run(*args, cwd):
+        monkeypatch.chdir(cwd); capsys.readouterr()
+        rc = launch.main([str(a) for a in args])
+        out = capsys.readouterr()
+        return Result(rc, out.out, out.err)
+    return _run
+
+
 def listing(folder):
     return sorted(str(p.relative_to(folder)) for p in Path(folder).rglob("*"))
 
@@ -53,8 +72,8 @@ def test_top_level_help_lists_every_subcommand(tmp_path):
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo", "dpo"])
-def test_training_help_lists_every_option_with_its_help(tmp_path, algo):
-    r = rlhf_nb(algo, "--help", cwd=tmp_path)
+def test_training_help_lists_every_option_with_its_help(tmp_path, algo, in_process):
+    r = in_process(algo, "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())                                   # argparse wraps help text
     hidden = launch.ALGORITHMS[algo][2]                                 # accepted, not listed: e.g. PPO's critic knobs on grpo
@@ -69,8 +88,8 @@ def test_training_help_lists_every_option_with_its_help(tmp_path, algo):
 
 @pytest.mark.parametrize("name,dc", [("sft", launch.SFTArgs), ("rm", launch.RMArgs), ("eval", launch.EvalArgs),
                                      ("plot", launch.PlotArgs), ("demo", demo.DemoArgs)])
-def test_stage_help_lists_every_option(tmp_path, name, dc):
-    r = rlhf_nb(name, "--help", cwd=tmp_path)
+def test_stage_help_lists_every_option(tmp_path, name, dc, in_process):
+    r = in_process(name, "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())
     for f in dataclasses.fields(dc):
@@ -149,14 +168,14 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_bad_config_is_one_line_and_writes_nothing(tmp_path, case):
+def test_bad_config_is_one_line_and_writes_nothing(tmp_path, case, in_process):
     args, msg = BAD[case]
     (tmp_path / "run.yaml").write_text("learning_rate: 1.0e-5\nlearing_rate: 2.0e-5\n")
     (tmp_path / "types.yaml").write_text("learning_rate: fast\n")
     (tmp_path / "multi_cpu.yaml").write_text("distributed_type: MULTI_CPU\nnum_processes: 2\n")
     before = listing(tmp_path)
     extra = ["--output_dir", "out"] if args[0] in ("ppo", "grpo", "dpo", "sft", "rm", "demo") else []
-    r = rlhf_nb(*args, *extra, cwd=tmp_path)
+    r = in_process(*args, *extra, cwd=tmp_path)
     lines = error_lines(r.stderr)
     assert r.returncode != 0, (r.stdout, r.stderr)
     assert len(lines) == 1 and msg in lines[0], r.stderr
