@@ -47,10 +47,10 @@ else
   echo "tools/vllm_env.sh failed (tests/test_rollout_vllm.py will fail):"; tail -n 20 "$vllm_log"
 fi
 export RLHF_NB_REQUIRE_VLLM=1
-echo "== pytest tests/ (the 25 slowest tests are listed at its end)"
+echo "== pytest tests/ in two workers, each taking whole test files (the 25 slowest tests are listed at its end)"
 t_py=$SECONDS
 py_status=0
-python -m pytest tests/ -q -p no:cacheprovider --durations=25 || py_status=$?
+python -m pytest tests/ -q -p no:cacheprovider -p no:benchmark -n 2 --dist loadfile --durations=25 || py_status=$?
 t_py=$((SECONDS - t_py))
 echo "== the 15 slowest notebooks (nbdev_test --timing; its lines are further up)"
 if grep -qE '^\S+\.ipynb: [0-9]+ secs$' "$nb_log"; then
