@@ -18,26 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_nb import launch
 from rlhf_nb.arith import make_calc
 from rlhf_nb.config import CONFIG_MAX_BYTES
 from rlhf_nb.data import write_parquet
-from test_hostile_inputs import LATEST, TINY, Fifo, refused
+from test_hostile_inputs import LATEST, TINY, Fifo, refused, run   # run: the in-process CLI fixture
 
 ONE_STEP = [*TINY, "--max_steps", 1]
-
-
-@pytest.fixture
-def run(capsys, monkeypatch):
-    "`rlhf_nb.launch.main(args)` in this process: -> (exit status, the stderr lines that start with 'rlhf-nb')."
-    monkeypatch.setenv("TQDM_DISABLE", "1"); monkeypatch.delenv("RLHF_NB_DEBUG", raising=False)
-    def _run(*args):
-        capsys.readouterr()
-        rc = launch.main([str(a) for a in args])
-        err = capsys.readouterr().err
-        assert "Traceback" not in err, err[-3000:]
-        return rc, [l for l in err.splitlines() if l.startswith("rlhf-nb")]
-    return _run
 
 
 def bomb_text(levels=9, width=10):
