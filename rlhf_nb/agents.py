@@ -4,7 +4,7 @@
 
 # %% ../nbs/01ft_agents.ipynb #5b3040f7
 from __future__ import annotations
-import ast, ctypes, inspect, json, multiprocessing, operator, re, signal, threading, time, warnings
+import ast, ctypes, inspect, itertools, json, math, multiprocessing, operator, re, signal, threading, time, warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
@@ -272,6 +272,7 @@ class Trajectory:
     truncated_responses: int = 0
     stop_reason: Optional[str] = None                                    # 'stop' (answered), 'length' or 'max_turns'
     env_reward: Optional[float] = None
+    env_failures: int = 0                                                # rewards that could not be read (scored 0)
 
     @property
     def done(self): return self.stop_reason is not None
@@ -357,6 +358,35 @@ def env_answer(self: AgentLoop, traj, calls, tools, schemas, worker=None):
         msgs.append({"role": "tool", "content": text})
     return env_turn_ids(self.tokenizer, msgs, schemas)
 
+# %% ../nbs/01ft_agents.ipynb #a9e1c2d4
+def _turn_texts(tokenizer, traj):
+    "The texts of the model's turns of episode `traj` (its runs of mask-1 ids), for a reward that reads them."
+    runs = [[i for i, _ in g] for m, g in itertools.groupby(zip(traj.ids, traj.mask), key=lambda p: p[1]) if m]
+    return [tokenizer.decode(r, skip_special_tokens=True) for r in runs]
+
+def _reward_problem(status, text, timeout):
+    "(reward, None) from `get_reward`'s answer on its thread, or (0.0, why it cannot be used)."
+    if status == "timeout": return 0.0, f"get_reward did not answer within {timeout:g} s"
+    if status == "raised": return 0.0, f"get_reward raised {text}"
+    try: v = json.loads(text)[0]
+    except (ValueError, IndexError, TypeError): return 0.0, "get_reward returned something that is not a number"
+    if v is None: return 0.0, "get_reward returned no reward (None)"
+    if not isinstance(v, (int, float)) or not math.isfinite(v): return 0.0, f"get_reward returned {_short(v, 40)}, not a finite number"
+    return float(v), None
+
+@patch
+def env_reward(self: AgentLoop, env, traj):
+    "`env.get_reward()` for episode `traj` (given `completion`, the model's turns, when it takes it); a failure scores 0, counted."
+    fn = env.get_reward
+    try: takes = "completion" in inspect.signature(fn).parameters
+    except (TypeError, ValueError): takes = False
+    kw = {"completion": [{"role": "assistant", "content": s} for s in _turn_texts(self.tokenizer, traj)]} if takes else {}
+    v, why = _reward_problem(*_run_in_thread(lambda **k: [fn(**k)], kw, self.tool_timeout, 4096), self.tool_timeout)
+    if why is None: return v
+    traj.env_failures += 1
+    warnings.warn(f"environment {type(env).__name__}: {why}; the episode's environment reward is 0 (counted in env/reward_failures)")
+    return v
+
 # %% ../nbs/01ft_agents.ipynb #c1d0d810
 def _parse_safely(parse, text):
     "The calls a parser reads in `text`; a parser that raises reads one unreadable call."
@@ -386,7 +416,7 @@ def run(self: AgentLoop, engine, rows, params, max_completion_length):
                 t.add_env(self.env_answer(t, calls, starts[i][1], schemas[i], worker)[:r - len(ids)])
                 if len(t.ids) >= max_completion_length: t.stop_reason = "length"
     for t, (env, _, _) in zip(trajs, starts):
-        if env is not None and callable(getattr(env, "get_reward", None)): t.env_reward = float(env.get_reward())
+        if env is not None and callable(getattr(env, "get_reward", None)): t.env_reward = self.env_reward(env, t)
     return trajs
 
 # %% ../nbs/01ft_agents.ipynb #5260c058
@@ -411,7 +441,8 @@ def tool_metrics(trajs):
     turns = [t.turns for t in trajs]
     return {"tools/call_frequency": calls / max(1, len(trajs)), "tools/failure_frequency": fails / calls if calls else 0.0,
             "tools/truncated_responses": sum(t.truncated_responses for t in trajs),
-            "num_turns/mean": sum(turns) / max(1, len(turns)), "num_turns/max": max(turns, default=0)}
+            "num_turns/mean": sum(turns) / max(1, len(turns)), "num_turns/max": max(turns, default=0),
+            **({"env/reward_failures": bad} if (bad := sum(t.env_failures for t in trajs)) else {})}
 
 # %% ../nbs/01ft_agents.ipynb #285620fb
 @patch
