@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_rewards.ipynb #3f3f7acd
 from __future__ import annotations
-import re, math, json, logging, threading
+import re, math, json, functools, logging, threading
 from decimal import Decimal, InvalidOperation
 from collections import defaultdict
 from typing import Callable
@@ -20,10 +20,10 @@ logger = logging.getLogger("rlhf_nb.rewards")
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score',
            'UnknownRewardError', 'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward',
            'gsm8k_flexible_reward', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
-           'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward',
-           'messages_from_prompt_text', 'ModelReward', 'pad_right', 'score_ids', 'RewardManager', 'batch_decode_fast',
-           'as_reward_fields', 'call_with_timeout', 'last_token_scores', 'completion_text', 'trl_reward_func',
-           'trl_model_reward_func']
+           'final_answer', 'reasoning_gym_reward', 'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty',
+           'combine_rewards', 'explain_reward', 'messages_from_prompt_text', 'ModelReward', 'pad_right', 'score_ids',
+           'RewardManager', 'batch_decode_fast', 'as_reward_fields', 'call_with_timeout', 'last_token_scores',
+           'completion_text', 'trl_reward_func', 'trl_model_reward_func']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -163,6 +163,32 @@ def hellaswag_score(solution_str, ground_truth, extra_info=None):
     return float(gold in hits and all(_norm_choice(choices[k]) in _norm_choice(choices[gold]) for k in hits))
 
 register_reward("Rowan/hellaswag", "hellaswag")(hellaswag_score);
+
+# %% ../nbs/01_rewards.ipynb #c4a1e002
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+def final_answer(text):
+    "A completion's answer: its last `<answer>...</answer>`, else what follows its last `####`, else all of it; stripped."
+    tags = _ANSWER_TAG.findall(text or "")
+    return tags[-1].strip() if tags else (text or "").rsplit("####", 1)[-1].strip()
+
+@functools.lru_cache(maxsize=None)
+def _rg_verifier(task):
+    "reasoning-gym's `score_answer` of `task` (its dataset built once with the default config)."
+    try: from reasoning_gym.factory import get_score_answer_fn
+    except ImportError: raise ValueError("reasoning_gym rows need the reasoning-gym package: pip install 'rlhf-nb[envs]'") from None
+    return get_score_answer_fn(task)
+
+@register_reward("reasoning_gym")
+def reasoning_gym_reward(solution_str, ground_truth=None, extra_info=None):
+    "A reasoning-gym row's score: its task's `score_answer` on the completion's final answer (`extra_info`: task, entry)."
+    info = extra_info if isinstance(extra_info, dict) else {}
+    entry = json.loads(info["entry"]) if isinstance(info.get("entry"), str) else info.get("entry")
+    if not isinstance(entry, dict): raise ValueError("a reasoning_gym row needs extra_info.entry (`rlhf-nb prep reasoning_gym` writes it)")
+    task = info.get("task") or (entry.get("metadata") or {}).get("source_dataset")
+    fn = _rg_verifier(task)
+    try: return float(fn(final_answer(solution_str), entry))
+    except Exception as e: raise ValueError(f"the verifier of reasoning-gym task {task!r} raised {type(e).__name__}: {e}") from None
 
 # %% ../nbs/01_rewards.ipynb #eaebbd36
 _ENDS_WITH_ANSWER_RE = re.compile(r"####[ \t]*-?[ \t]*\$?[ \t]*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\.?\s*$")
