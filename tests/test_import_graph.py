@@ -82,7 +82,7 @@ def test_core_alone_registers_every_estimator_and_loss():
 # and only modules whose notebook comes earlier in reading order (notebook file names sort in dependency order), so a
 # reader meets every module before the modules that use it. A new module must be given a layer here.
 LAYERS = {
-    "config": 1, "options": 1, "core": 1,                                               # foundations: options, tensor math
+    "config": 1, "options": 1, "core": 1, "chunked_head": 1,                                               # foundations: options, tensor math
     "data": 2, "arith": 2, "prep": 2, "dataset": 2, "models": 2,                # rows, datasets, tokenizers and models
     "files": 3, "tracking": 3, "checkpoints": 3, "dist": 3, "engine": 3,        # the run folder every trainer shares
     "equivalence": 4, "rewards": 4, "reward_model": 4, "sft": 4,                # rewards and the supervised warm start

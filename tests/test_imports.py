@@ -9,6 +9,7 @@ import json, subprocess, sys, textwrap
 import pytest
 
 CHECKS = {
+    "rlhf_nb.chunked_head": "import torch; h = torch.nn.Linear(4, 7); lp, e = m.lm_head_logprobs(torch.zeros(2, 4), h, torch.tensor([1, 2]), chunk_size=1); assert lp.shape == (2,) and torch.allclose(e, torch.log(torch.tensor(7.0)).expand(2), atol=0.7)",
     "rlhf_nb.data": "assert m.validate_rows([{'data_source': 'x', 'prompt': [{'role': 'user', 'content': 'hi'}], 'ability': 'a', 'reward_model': {'style': 'rule', 'ground_truth': '1'}, 'extra_info': {}}]) and m.gsm8k_ground_truth('so #### 1,600') == '1600'",
     "rlhf_nb.arith": "rows = m.make_arith(4, seed=1); assert len(rows) == 4 and rows[0]['data_source'] == 'arith'",
     "rlhf_nb.prep": "assert m.select_split({'train': list(range(10))}, 'train[:3]') == [0, 1, 2] and len(m.load_split('arith', 'test', n=5)) == 5",
