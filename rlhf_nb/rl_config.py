@@ -49,6 +49,9 @@ class BatchArgs:
     temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).", gt=0)
     top_k: int = option(0, "Top-k sampling (0 = off).", min=0)
     top_p: float = option(1.0, "Nucleus sampling (1.0 = off).", gt=0, max=1)
+    logprob_chunk_size: Optional[int] = option(None, "NeMo-RL's name: compute the actor's and reference's log-probs from "
+        "the final hidden states and the LM head this many tokens at a time, forward and backward (rlhf_nb.chunked_head), "
+        "so the [batch, length, vocab] logits never exist; None = the plain LM head. Runs with fast_paths false.", min=1)
 
 # %% ../nbs/01h_rl_config.ipynb #4be6ddd3
 @dataclass
@@ -135,6 +138,8 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
         if self.rollout_threads is not None and self.rollout_threads < 1:
             raise ValueError(f"rollout_threads must be >= 1 (or unset for automatic), got {self.rollout_threads}")
+        if self.logprob_chunk_size is not None and self.fast_paths:
+            raise ConfigError("logprob_chunk_size runs on the plain trainer's workers: set fast_paths false with it")
         run_check(self, "rlhf_nb.core:check_objective_names")                # the registries' names (core imports torch)
         run_check(self, "rlhf_nb.placement:check_placement")                 # pools, roles, Ray installed: before anything starts
         if self.rollout_engine != "hf" and self.placement != "colocate":

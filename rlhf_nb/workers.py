@@ -6,12 +6,14 @@
 from __future__ import annotations
 import copy, enum
 from contextlib import contextmanager, nullcontext
+from functools import partial
 from pathlib import Path
 import torch
 import torch.nn as nn
 from fastcore.basics import patch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList, get_scheduler
 from .core import logprobs_from_logits, logprobs_and_entropy, eos_response_mask, forward_attention_mask
+from .chunked_head import lm_head_as_identity, lm_head_logprobs
 from .checkpoints import load_weights, torch_load
 from .engine import make_adamw
 from .models import param_bytes, disable_dropout, wrap_lora, is_peft_model
@@ -76,10 +78,11 @@ def as_model(self: Reference):
 
 @patch
 @torch.no_grad()
-def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0):
-    "Reference log-probs of `responses` (the last R tokens of `input_ids`): [B,T] -> [B,R]."
-    with self.as_model() as model:
+def log_probs(self: Reference, input_ids, attention_mask, position_ids, responses, temperature=1.0, chunk_size=None):
+    "Reference log-probs of `responses` (the last R tokens of `input_ids`): [B,T] -> [B,R] (`chunk_size`: chunked head)."
+    with self.as_model() as model, (lm_head_as_identity(model) if chunk_size else nullcontext()) as head:
         logits = causal_lm_logits(model, input_ids, attention_mask, position_ids, responses.shape[1])
+    if chunk_size: return lm_head_logprobs(logits, head, responses, temperature, chunk_size, with_entropy=False)[0]
     return logprobs_from_logits(logits, responses, temperature)
 
 # %% ../nbs/01d_workers.ipynb #2d13bb19
@@ -273,10 +276,12 @@ def generate_sequences(self: ActorRolloutWorker, batch):
 @patch
 def forward(self: ActorRolloutWorker, data, idx=None, with_entropy=False, module=None):
     "Log-probs of rows `idx`'s responses -> (log-probs [b,R], entropy [b,R] or None, shared-head values [b,R] or None)."
-    d = _rows(data, idx)
-    logits, values = (module or self.module)(d["input_ids"], d["attention_mask"], d["position_ids"], d["responses"].shape[1])
-    lp, ent = logprobs_and_entropy(logits, d["responses"], self.config.temperature, with_entropy=with_entropy,
-                                   entropy_grad=self.config.entropy_coef != 0)
+    d, cs = _rows(data, idx), getattr(self.config, "logprob_chunk_size", None)
+    with lm_head_as_identity(self.policy) if cs else nullcontext() as head:      # chunked: the 'logits' are hidden states
+        logits, values = (module or self.module)(d["input_ids"], d["attention_mask"], d["position_ids"], d["responses"].shape[1])
+    lp_fn = partial(lm_head_logprobs, head=head, chunk_size=cs) if cs else logprobs_and_entropy
+    lp, ent = lp_fn(logits, labels=d["responses"], temperature=self.config.temperature, with_entropy=with_entropy,
+                    entropy_grad=self.config.entropy_coef != 0)
     return lp, ent, values
 
 @patch
@@ -321,7 +326,7 @@ def compute_ref_log_prob(self: RefPolicyWorker, data):
     "Reference log-probs of every row's response tokens: [B,R]."
     with self.accelerator.autocast():
         return self.reference.log_probs(data["input_ids"], data["attention_mask"], data["position_ids"], data["responses"],
-                                        self.config.temperature)
+                                        self.config.temperature, getattr(self.config, "logprob_chunk_size", None))
 
 # %% ../nbs/01d_workers.ipynb #bd153cef
 class RewardWorker:
