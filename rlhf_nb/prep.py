@@ -32,6 +32,7 @@ def register_preprocessor(name, fn):
 for _n, _f in {"gsm8k": prep_gsm8k, "math": prep_math, "hh-rlhf": prep_hh, "arith": prep_arith, "calc": prep_calc, "rows": prep_rows, "hellaswag": prep_hellaswag}.items():
     register_preprocessor(_n, _f)
 register_preprocessor("arith-gold", "rlhf_nb.overopt_gold:prep_gold_pairs")   # a later notebook's function, imported when used
+register_preprocessor("reasoning_gym", "rlhf_nb.environments:prep_reasoning_gym")   # needs the reasoning-gym package
 
 
 # %% ../nbs/00d_prep.ipynb #9dc379e6
@@ -119,6 +120,9 @@ def _prep_parser():
     p.add_argument("--kind", choices=list(ROW_KINDS), help="rows: the row kind to validate (rl, sft or pref)")
     p.add_argument("--n_train", "--n-train", type=int, help="rows to keep (arith: to generate) in train")
     p.add_argument("--n_test", "--n-test", type=int, help="rows to keep (arith: to generate) in test")
+    p.add_argument("--task", help="reasoning_gym: task names, comma separated, each optionally with config settings "
+                                  "(chain_sum:max_terms=2:max_digits=1,spell_backward)")
+    p.add_argument("--n", type=int, help="reasoning_gym: train rows, shared evenly by the tasks (test rows: --n_test)")
     p.add_argument("--seed", type=int, help="seed for arith generation and subsets (default 0)")
     p.add_argument("--digits", type=int, help="arith: digits per operand")
     p.add_argument("--ops", help="arith: operators to draw from, e.g. '+-*'")
@@ -160,7 +164,7 @@ def prep_main(argv=None):
         if name not in PREPROCESSORS:
             raise DataError(f"unknown dataset {name!r}; choose one of: {', '.join(PREPROCESSORS)}")
         options = {k: v for k, v in a.items() if v is not None}
-        if name in ("arith", "calc") and "source" in options: raise DataError(f"{name} is generated: it takes no --source")
+        if name in ("arith", "calc", "reasoning_gym") and "source" in options: raise DataError(f"{name} is generated: it takes no --source")
         t = time.time()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # notes are printed below, once
@@ -169,7 +173,7 @@ def prep_main(argv=None):
         if os.environ.get("RLHF_NB_DEBUG") or getattr(e, "errno", None) in FULL_DISK: raise   # the CLI's one DiskFull line
         msg = str(e).strip('"').splitlines()[0] if str(e) else type(e).__name__
         print(f"rlhf-nb prep: error: {msg}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, ConfigError) else 1   # a wrong option (ConfigError) is a usage error
     for note in getattr(splits, "notes", []): print(f"note: {note}", file=sys.stderr)
     dt = time.time() - t
     print(f"rlhf-nb prep {name}: " + ", ".join(f"{Path(out) / f'{s}.parquet'} ({len(r):,} rows)" for s, r in splits.items())
