@@ -26,6 +26,7 @@ from .models import (load_tokenizer, load_causal_lm, load_value_model, load_conf
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy
+from .packing import micro_batch_rows, padding_fraction
 from .agents import attach_agent, agent_warm_start, agent_answers, make_agent_loop
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
 from .placement import make_placement
@@ -231,10 +232,8 @@ def _critic_model(self: RLTrainer, base):
 # %% ../nbs/02_ppo.ipynb #d9542120
 @patch(as_prop=True)
 def actor(self: RLTrainer): return self.workers[Role.ActorRollout].module
-
 @patch(as_prop=True)
 def critic(self: RLTrainer): return self.workers[Role.Critic].module if Role.Critic in self.workers else None
-
 @patch(as_prop=True)
 def unwrapped_policy(self: RLTrainer): return self.workers[Role.ActorRollout].policy
 
@@ -351,8 +350,8 @@ def update_plan(self: RLTrainer, data, perms=None):
     cfg, mask, mode = self.config, data["response_mask"], self.config.loss_agg_mode
     B, mb = mask.shape[0], self.mini_batch_size
     perms = perms or [torch.randperm(B).to(mask.device) for _ in range(cfg.num_ppo_epochs)]
-    chunked = [[c for c in torch.tensor_split(perm[s:s + mb], cfg.gradient_accumulation_steps) if len(c)]
-               for perm in perms for s in range(0, B, mb)]
+    split = lambda rows: micro_batch_rows(rows, data["attention_mask"], cfg, self.accelerator if self.world > 1 else None)
+    chunked = [split(perm[s:s + mb]) for perm in perms for s in range(0, B, mb)]   # rows, or tokens (use_dynamic_bsz)
     totals = [None] * len(chunked)
     if self.world > 1:             # DDP averages gradients over processes: weigh each by its share of the units of all of them
         units = torch.tensor([sum(agg_units(mask[c], mode) for c in chunks) for chunks in chunked], device=mask.device)
@@ -526,6 +525,7 @@ def step_metrics(self: RLTrainer, data, scores, update_stats, reward_metrics):
     m = {"score/mean": float(scores.mean()), "score/max": float(scores.max()),
          "reward/mean": _seq_mean(data["token_level_rewards"], mask), "response/length": float(mask.sum(-1).mean()),
          "response/eos_frac": float(data["has_eos"].float().mean()), "kl_coef": self.kl_ctl.value,
+         "perf/padding_fraction": padding_fraction(data["attention_mask"], getattr(self.config, "padding_free", False)),
          "actor/lr": self.workers[Role.ActorRollout].scheduler.get_last_lr()[0], **update_stats, **data.get("rollout_metrics", {})}
     if "kl" in data: m["kl/mean"] = _seq_mean(data["kl"], mask)
     elif self.reference.active:

@@ -46,6 +46,14 @@ class BatchArgs:
     max_completion_length: int = option(16, "Maximum new tokens per response (also Dr. GRPO's constant loss normaliser).", min=1)
     share_prompt_prefix: bool = option(True, "Speed path, honoured by the fast trainer's workers (rlhf_nb.fast; the plain RLTrainer runs every prompt): with num_generations > 1, "
                                        "prefill and forward each prompt once per group and share its keys/values with the group's completions (same numbers, less work).")
+    padding_free: bool = option(False, "TRL's name: the trainer's forwards (policy, reference, critic) run each batch's rows packed "
+                                "without pad tokens, position ids restarting at each row (same numbers; Llama/Qwen2 models; "
+                                "turns share_prompt_prefix off). See rlhf_nb.packing.")
+    use_remove_padding: Optional[bool] = option(None, "verl's name for padding_free; when set it overrides padding_free.")
+    use_dynamic_bsz: bool = option(False, "verl's name: cut each mini-batch into micro-batches of about ppo_max_token_len_per_gpu "
+                                   "tokens, balanced by tokens, instead of gradient_accumulation_steps rows (same loss weights).")
+    ppo_max_token_len_per_gpu: int = option(16384, "verl's name: the token budget of one micro-batch with use_dynamic_bsz "
+                                            "(valid tokens of its rows; a micro-batch holds at most this plus one row).", min=1)
     temperature: float = option(1.0, "Sampling temperature (log-probs are computed at the same temperature).", gt=0)
     top_k: int = option(0, "Top-k sampling (0 = off).", min=0)
     top_p: float = option(1.0, "Nucleus sampling (1.0 = off).", gt=0, max=1)
@@ -125,6 +133,8 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base under the LoRA adapter)")
         if self.ref_strategy == "none" and self.kl_coef != 0:
+        if self.use_remove_padding is not None: self.padding_free = self.use_remove_padding   # verl's alias
+        if self.padding_free: self.share_prompt_prefix = False               # packed rows replace the shared-prompt forwards
             raise ValueError(f"ref_strategy='none' has no reference to measure a KL against: set kl_coef=0 (got {self.kl_coef})")
         for k in ("per_device_train_batch_size", "num_generations", "num_ppo_epochs", "gradient_accumulation_steps", "max_completion_length"):
             if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")

@@ -83,7 +83,7 @@ def test_core_alone_registers_every_estimator_and_loss():
 # reader meets every module before the modules that use it. A new module must be given a layer here.
 LAYERS = {
     "config": 1, "options": 1, "core": 1, "chunked_head": 1,                                               # foundations: options, tensor math
-    "data": 2, "arith": 2, "prep": 2, "dataset": 2, "models": 2,                # rows, datasets, tokenizers and models
+    "data": 2, "arith": 2, "prep": 2, "dataset": 2, "models": 2, "packing": 2,                # rows, datasets, tokenizers and models
     "files": 3, "tracking": 3, "checkpoints": 3, "dist": 3, "engine": 3,        # the run folder every trainer shares
     "equivalence": 4, "rewards": 4, "reward_model": 4, "sft": 4,                # rewards and the supervised warm start
     "speed": 5, "sharding": 5, "workers": 5, "placement": 5, "rollout": 5, "rollout_server": 5, "async_rl": 5, "agents": 5, "environments": 5,        # roles, samplers and where they run

@@ -14,6 +14,7 @@ CHECKS = {
     "rlhf_nb.arith": "rows = m.make_arith(4, seed=1); assert len(rows) == 4 and rows[0]['data_source'] == 'arith'",
     "rlhf_nb.prep": "assert m.select_split({'train': list(range(10))}, 'train[:3]') == [0, 1, 2] and len(m.load_split('arith', 'test', n=5)) == 5",
     "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
+    "rlhf_nb.packing": "import torch; assert m.first_fit_bins([3, 2, 1], 3) == [[0], [1, 2]] and m.padding_fraction(torch.ones(2, 3)) == 0",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
     "rlhf_nb.rollout": "b = m.completions_to_batch([[5, 6], [7]], [m.Completion([9, 2], [-0.5, -0.1], 'stop'), m.Completion([4], [-1.0], 'length')], 2, 0); assert m.prompt_lists(b['prompts'], b['prompt_mask']) == [[5, 6], [7]] and m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
     "rlhf_nb.rollout_server": "assert m.ServerLimits().max_request_samples == 1024 and m.exposure_warning('127.0.0.1', 1, None) is None",
