@@ -32,7 +32,7 @@ def _lazy(module):
     return importlib.import_module(f"rlhf_nb.{module}")
 
 _LAZY_NAMES = {"PPOConfig": "rl_config", "GRPOConfig": "algos", "run_rl": "algos", "DPOConfig": "dpo", "run_dpo": "dpo",
-               "SFTArgs": "sft", "EvalArgs": "sft", "run_sft": "sft", "run_eval": "sft", "RMArgs": "reward_model",
+               "SFTArgs": "sft", "EvalArgs": "evaluate", "run_sft": "sft", "run_eval": "evaluate", "RMArgs": "reward_model",
                "run_reward_model": "reward_model", "DemoArgs": "demo", "PlotArgs": "demo", "DPO_PANELS": "demo", "plot_runs": "demo",
                "run_demo": "demo", "check_model_path": "models", "prep_main": "prep", "check_dataset": "prep", "trl_main": "trl_pipelines",
                "parse_trl_args": "trl_pipelines", "trl_ppo_config": "trl_pipelines", "save_health": "health",
@@ -429,6 +429,8 @@ register_algorithm("ppo", "rlhf_nb.rl_config:PPOConfig", "rlhf_nb.algos:run_rl",
 register_algorithm("grpo", "rlhf_nb.rl_config:GRPOConfig", "rlhf_nb.algos:run_rl", "GRPO (group-relative advantages, no critic) with the same trainer",
                    hidden=GRPO_HIDDEN)
 register_algorithm("dpo", "rlhf_nb.dpo:DPOConfig", "rlhf_nb.dpo:run_dpo", "DPO on preference pairs (reference log-probs precomputed once)")
+register_algorithm("distill", "rlhf_nb.rl_config:DistillConfig", "rlhf_nb.distill:run_distill",
+                   "on-policy distillation: a teacher scores the student's samples (the RL trainer, GRPO's defaults)", hidden=GRPO_HIDDEN)
 
 # %% ../nbs/04c_launch.ipynb #8e392f47
 def _launch_flags(argv):
@@ -517,18 +519,19 @@ def rm_main(argv=None):
     print(json.dumps(rm.run_reward_model(a))); return 0
 
 def eval_main(argv=None):
-    "`rlhf-nb eval --model_name_or_path DIR [--dataset ...]`: greedy accuracy (rlhf_nb.sft.run_eval); samples to stderr."
-    sft = _lazy("sft")
-    res = sft.run_eval(_parse_stage("eval", sft.EvalArgs, argv))
+    "`rlhf-nb eval --model_name_or_path DIR [--n_samples N --temperature T]`: greedy or pass@k (rlhf_nb.evaluate.run_eval)."
+    ev = _lazy("evaluate")
+    res = ev.run_eval(_parse_stage("eval", ev.EvalArgs, argv))
     for p, r, gt, s in res["samples"][:4]: print(f"  {p[-40:]!r} -> {r[:40]!r} (truth {gt}, score {s})", file=sys.stderr)
-    print(json.dumps({k: v for k, v in res.items() if k != "samples"})); return 0
+    print(json.dumps({k: v for k, v in res.items() if k not in ("samples", "prompts")})); return 0
 
 # %% ../nbs/04c_launch.ipynb #42fe6610
 def plot_main(argv=None):
-    "`rlhf-nb plot --runs RUN [RUN ...] --output curves.png` (rlhf_nb.demo.plot_runs)."
+    "`rlhf-nb plot --runs RUN [RUN ...] --output curves.png` (rlhf_nb.demo.plot_runs); eval .json files: pass@k against k."
     demo = _lazy("demo")
     a = _parse_stage("plot", demo.PlotArgs, argv)
     if not a.runs: raise ConfigError("--runs needs at least one run folder (or metrics.jsonl file)")
+    if all(r.endswith(".json") for r in a.runs): print(_lazy("evaluate").plot_passk(a.runs, a.output)); return 0
     print(demo.plot_runs(a.runs, a.output)); return 0
 
 def demo_main(argv=None):
@@ -538,8 +541,8 @@ def demo_main(argv=None):
 
 register_subcommand("sft", sft_main, "supervised fine-tuning (completion-only loss); saves a model folder")
 register_subcommand("rm", rm_main, "train a Bradley-Terry reward model on preference pairs")
-register_subcommand("eval", eval_main, "greedy held-out accuracy of a saved policy")
-register_subcommand("plot", plot_main, "plot metrics.jsonl of one or more runs to a PNG")
+register_subcommand("eval", eval_main, "held-out accuracy of a saved policy: greedy, or pass@k/maj@k of n samples")
+register_subcommand("plot", plot_main, "plot metrics.jsonl of runs to a PNG (eval .json files: pass@k against k)")
 register_subcommand("demo", demo_main, "the whole pipeline on a tiny model in minutes: SFT -> GRPO/PPO -> eval, curves")
 
 # %% ../nbs/04c_launch.ipynb #17cbe022

@@ -25,7 +25,8 @@ __all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role',
            'check_rollout_pool', 'make_placement']
 
 # %% ../nbs/01g_placement.ipynb #41d03e48
-PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout)
+PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout,
+                   Role.Teacher)
 
 def parse_role(name):
     "The placeable `Role` that `name` (a `Role` or its name) means; ConfigError listing the valid names otherwise."
@@ -83,20 +84,22 @@ class ResourcePoolManager:
     def __repr__(self): return f"ResourcePoolManager({self.resource_pool_spec}, {{{', '.join(f'{r.name}: {p!r}' for r, p in self.mapping.items())}}})"
 
 # %% ../nbs/01g_placement.ipynb #aa697f56
-def run_roles(critic_mode, ref_active):
-    "The worker roles a run has: the actor always; a separate critic; a reference when there is a KL."
-    return [Role.ActorRollout] + ([Role.Critic] if critic_mode == "separate" else []) + ([Role.RefPolicy] if ref_active else [])
+def run_roles(critic_mode, ref_active, teacher=False):
+    "The worker roles a run has: the actor always; a separate critic; a reference when there is a KL; a distillation teacher."
+    return ([Role.ActorRollout] + ([Role.Critic] if critic_mode == "separate" else []) + ([Role.RefPolicy] if ref_active else [])
+            + ([Role.Teacher] if teacher else []))
 
 def _refuse_extra_roles(rpm, roles, critic_mode):
     for r in rpm.mapping:
         if r not in roles and r not in (Role.RewardModel, Role.Rollout):      # Rollout: checked against max_staleness
-            why = f"critic is {critic_mode!r}" if r == Role.Critic else "ref_strategy is 'none' (no KL)"
+            why = (f"critic is {critic_mode!r}" if r == Role.Critic else "no teacher_model_name_or_path"
+                   if r == Role.Teacher else "ref_strategy is 'none' (no KL)")
             raise ConfigError(f"role_pools places {r.name} on {rpm.mapping[r]!r} but this run has no {r.name} ({why})")
 
 # %% ../nbs/01g_placement.ipynb #1281ac04
-def complete_pools(rpm, critic_mode, ref_active):
+def complete_pools(rpm, critic_mode, ref_active, teacher=False):
     "A copy of `rpm` with every role of the run placed (defaults as above), checked against the run; ConfigError if not."
-    roles = run_roles(critic_mode, ref_active)
+    roles = run_roles(critic_mode, ref_active, teacher)
     spec, mapping = dict(rpm.resource_pool_spec) if rpm else {}, dict(rpm.mapping) if rpm else {}
     if not mapping: spec, mapping = spec or {"global_pool": 1}, {}
     out = ResourcePoolManager(spec, {})
@@ -406,16 +409,19 @@ def _next_shards(self, t):
     return shards
 
 def _log_probs_and_values(self, t, shards):
-    "Old-policy log-probs, reference log-probs and values of every shard, the roles' pools working side by side."
+    "Old-policy, reference and teacher log-probs and values of every shard, the roles' pools working side by side."
     one = [(s,) for s in shards]
     subs = [self.submit(Role.ActorRollout, worker_method, one, Role.ActorRollout, "compute_log_prob")]
     if Role.RefPolicy in t.workers: subs.append(self.submit(Role.RefPolicy, worker_method, one, Role.RefPolicy, "compute_ref_log_prob"))
     if Role.Critic in t.workers: subs.append(self.submit(Role.Critic, worker_method, one, Role.Critic, "compute_values"))
-    res = dict(zip(["old"] + [k for k, r in (("ref", Role.RefPolicy), ("values", Role.Critic)) if r in t.workers], self.gather(*subs)))
+    if Role.Teacher in t.workers: subs.append(self.submit(Role.Teacher, worker_method, one, Role.Teacher, "compute_teacher_log_prob"))
+    names = [k for k, r in (("ref", Role.RefPolicy), ("values", Role.Critic), ("teacher", Role.Teacher)) if r in t.workers]
+    res = dict(zip(["old"] + names, self.gather(*subs)))
     for r, d in enumerate(shards):
         d["old_log_probs"], values = res["old"][r]
         if "ref" in res: d["ref_log_probs"] = res["ref"][r]
         if "values" in res: values = res["values"][r]
+        if "teacher" in res: d.update(res["teacher"][r])                  # the teacher's fields (rlhf_nb.distill)
         if values is not None: d["values"] = values.float() * d["response_mask"]
     return shards
 RayPlacement.next_shards, RayPlacement.log_probs_and_values = _next_shards, _log_probs_and_values
@@ -536,4 +542,5 @@ def make_placement(args, rpm, critic_mode, ref_active):
     "The placement a config (and an optional `ResourcePoolManager`) asks for, checked against the run's roles."
     table = check_placement(args)
     if args.placement != "ray": return LocalPlacement(args)
-    return RayPlacement(args, check_rollout_pool(complete_pools(rpm or table, critic_mode, ref_active), getattr(args, "max_staleness", 0)))
+    return RayPlacement(args, check_rollout_pool(complete_pools(rpm or table, critic_mode, ref_active,
+                                                                bool(getattr(args, "teacher_model_name_or_path", None))), getattr(args, "max_staleness", 0)))

@@ -12,8 +12,8 @@ from .options import (AccelerateArgs, AgentArgs, AsyncArgs, LoadArgs, LoraArgs, 
                              check_accelerate_args, run_check)
 
 # %% auto #0
-__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'GRPOConfig', 'resolve_critic',
-           'run_kind']
+__all__ = ['ModelDataArgs', 'BatchArgs', 'OptimArgs', 'ObjectiveArgs', 'LoopArgs', 'PPOConfig', 'GRPOConfig', 'DistillConfig',
+           'resolve_critic', 'run_kind']
 
 # %% ../nbs/01h_rl_config.ipynb #8ebcb122
 @dataclass
@@ -109,6 +109,9 @@ class LoopArgs(CheckpointArgs, TrackingArgs, AccelerateArgs):
     max_seconds: Optional[float] = option(None, "Stop after this many seconds of training (checked after each step).", gt=0)
     eval_steps: int = option(20, "Greedy held-out evaluation every this many steps (and at the start and end; 0 = never).", min=0)
     eval_batch_size: int = option(128, "Prompts per batch in the greedy evaluation.", min=1)
+    val_n_samples: int = option(0, "verl's val_kwargs.n: at each evaluation also sample this many answers per held-out "
+                                "prompt and log val/pass@k, val/maj@k, val/mean@N (rlhf_nb.evaluate); 0 = off.", min=0)
+    val_temperature: float = option(1.0, "verl's val_kwargs.temperature: sampling temperature of val_n_samples.", gt=0)
     save_final: bool = option(True, "Write a checkpoint at the end of training.")
     logging_steps: int = option(1, "Write metrics every this many steps.", min=1)
     seed: int = option(0, "Seed of model initialisation, sampling and shuffling.")
@@ -130,11 +133,11 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
     "Options of rlhf-nb's RL trainer (PPO by default; GRPO/RLOO through `adv_estimator`)."
     def __post_init__(self):
         super().__post_init__()                                              # the option groups' checks
+        if self.use_remove_padding is not None: self.padding_free = self.use_remove_padding   # verl's alias
+        if self.padding_free: self.share_prompt_prefix = False               # packed rows replace the shared-prompt forwards
         if self.ref_strategy == "peft" and not self.use_peft:
             raise ValueError("ref_strategy='peft' needs use_peft=True (the reference is the base under the LoRA adapter)")
         if self.ref_strategy == "none" and self.kl_coef != 0:
-        if self.use_remove_padding is not None: self.padding_free = self.use_remove_padding   # verl's alias
-        if self.padding_free: self.share_prompt_prefix = False               # packed rows replace the shared-prompt forwards
             raise ValueError(f"ref_strategy='none' has no reference to measure a KL against: set kl_coef=0 (got {self.kl_coef})")
         for k in ("per_device_train_batch_size", "num_generations", "num_ppo_epochs", "gradient_accumulation_steps", "max_completion_length"):
             if getattr(self, k) < 1: raise ValueError(f"{k} must be >= 1, got {getattr(self, k)}")
@@ -143,6 +146,8 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
         if self.max_nan_steps < 1: raise ValueError(f"max_nan_steps must be >= 1, got {self.max_nan_steps}")
         if (self.environment or self.tools) and self.placement == "ray":
             raise ConfigError("tool use (environment/tools) samples episodes in the trainer's process: use placement colocate or accelerate, not ray")
+        if self.val_n_samples and (self.environment or self.tools):
+            raise ConfigError("val_n_samples samples one-turn answers; tool-use episodes are evaluated greedily: set val_n_samples 0")
         check_accelerate_args(self)
         if self.parallel_roles not in ("auto", "on", "off"):
             raise ValueError(f"parallel_roles must be 'auto', 'on' or 'off', not {self.parallel_roles!r}")
@@ -183,6 +188,34 @@ class GRPOConfig(PPOConfig):
         self.loss_agg_mode = run_check(self.loss_type, "rlhf_nb.core:loss_type_agg_mode")   # TRL's loss_type -> the mode
         if self.adv_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.num_generations < 2:
             raise ValueError(f"adv_estimator {self.adv_estimator!r} compares completions of one prompt: num_generations must be >= 2")
+        super().__post_init__()
+
+# %% ../nbs/01h_rl_config.ipynb #15ab41a6
+@dataclass
+class DistillConfig(GRPOConfig):
+    "`GRPOConfig` for on-policy distillation: a teacher scores the student's sampled tokens (`rlhf-nb distill`)."
+    output_dir: str = option("runs/distill", "Where metrics.jsonl, checkpoints and the final model are written.")
+    teacher_model_name_or_path: Optional[str] = option(None, "Teacher (TRL GKD's name): a saved model folder or hub "
+        "name with the student's tokenizer and vocabulary, or 'tiny'; it scores every token the student samples.")
+    distill_coef: float = option(1.0, "Weight of the distillation term: the per-token advantage -(log pi_student - "
+        "log pi_teacher) (Tinker's kl_penalty_coef, slime's opd_kl_coef), or the top-k forward KL.", min=0)
+    reward_coef: float = option(0.0, "Weight of the task reward's advantage (from adv_estimator) added to the "
+        "distillation term; 0 = pure distillation (no reward needed).", min=0)
+    distill_topk: int = option(0, "k > 0: distil with the forward KL to the teacher's top-k tokens at each sampled "
+        "position (a loss term, ms-swift's gkd_logits_topk) instead of the sampled-token advantage; 0 = off.", min=0)
+    num_generations: int = option(4, "Completions sampled per prompt (the group of the reward's estimator).", min=1)
+    kl_coef: float = option(0.0, "KL to a reference policy (the teacher already anchors the student; 0 = none).", min=0)
+    ref_strategy: str = option("none", "Reference policy for kl_coef: copy, peft or none.", choices=["copy", "peft", "none"])
+    filter_groups: bool = option(False, "Drop groups whose completions got equal scores (off: the teacher's "
+                                 "signal does not depend on the score).")
+
+    def __post_init__(self):
+        if not self.teacher_model_name_or_path:
+            raise ConfigError("--teacher_model_name_or_path is required: the model that scores the student's tokens")
+        for k in ("distill_coef", "reward_coef", "distill_topk"):
+            if getattr(self, k) < 0: raise ConfigError(f"{k} must be >= 0, got {getattr(self, k)}")
+        if self.distill_coef == 0 and self.reward_coef == 0:
+            raise ConfigError("distill_coef and reward_coef are both 0: the student has nothing to learn from")
         super().__post_init__()
 
 # %% ../nbs/01h_rl_config.ipynb #a1869ecc

@@ -35,6 +35,7 @@ class Role(enum.Enum):
     RefPolicy = 4
     RewardModel = 5
     ActorRolloutRef = 6
+    Teacher = 7                                                          # on-policy distillation: scores the actor's samples
 
 # %% ../nbs/01d_workers.ipynb #df16b54f
 class Reference:
@@ -65,9 +66,9 @@ def _inputs_but_last(input_ids, attention_mask, position_ids):
 
 def causal_lm_logits(model, input_ids, attention_mask, position_ids, n_last):
     "Logits predicting the last `n_last` tokens: [B,T] inputs -> logits [B,n_last,V] (only those positions hit the LM head)."
-    return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
     if is_padding_free(model):                                           # rows packed, no pad tokens (rlhf_nb.packing)
         return packed_lm_logits(model, input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1], n_last)
+    return model(**_inputs_but_last(input_ids, attention_mask, position_ids), logits_to_keep=n_last).logits
 
 # %% ../nbs/01d_workers.ipynb #be381b8b
 @patch
@@ -116,10 +117,10 @@ class TokenValueModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, n_last):
         backbone, _ = _backbone_and_head(self.value_model)
-        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state
         if is_padding_free(self.value_model):
             h, keep = packed_hidden(backbone, input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1], n_last)
             return unpack_rows(self.head(h).squeeze(-1).float(), keep)
+        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state
         return self.head(h[:, -n_last:]).squeeze(-1).float()                # value of the state *before* each token
 
     def save_pretrained(self, path): self.value_model.save_pretrained(path)
@@ -139,10 +140,10 @@ class ActorModule(nn.Module):
     def forward(self, input_ids, attention_mask, position_ids, n_last):
         if self.v_head is None: return causal_lm_logits(self.policy, input_ids, attention_mask, position_ids, n_last), None
         backbone, lm = _backbone_and_head(self.policy)
-        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state[:, -n_last:]
         if is_padding_free(self.policy):
             h, keep = packed_hidden(backbone, input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1], n_last)
             return unpack_rows(lm.get_output_embeddings()(h), keep), unpack_rows(self.v_head(h).squeeze(-1).float(), keep)
+        h = backbone(**_inputs_but_last(input_ids, attention_mask, position_ids)).last_hidden_state[:, -n_last:]
         return lm.get_output_embeddings()(h), self.v_head(h).squeeze(-1).float()
 
 # %% ../nbs/01d_workers.ipynb #faab67cf
@@ -212,9 +213,9 @@ class TrainedWorker:
     "A role that learns: its module and optimiser prepared by `accelerator`, a scheduler, and one step per mini-batch."
     def __init__(self, module, lr, config, accelerator):
         self.config, self.accelerator = config, accelerator
-        self.module, self.optimizer = self.prepare_module(module, lr)
         if getattr(config, "padding_free", False):                       # the trainer's forwards of this role run packed
             set_padding_free(module.policy if isinstance(module, ActorModule) else module.value_model)
+        self.module, self.optimizer = self.prepare_module(module, lr)
         self.scheduler = make_scheduler(config, self.optimizer)
 
     def prepare_module(self, module, lr):
