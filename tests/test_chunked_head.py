@@ -95,6 +95,24 @@ def test_one_grpo_step_equal_plain(tmp_path):
     for k in keys: assert b[k] == pytest.approx(a[k], abs=1e-5), k
 
 
+
+def test_under_bf16_autocast_matches_plain():
+    "Under bf16 autocast (the trainer's bf16): the same log-probs and entropies, gradients within bf16 rounding."
+    import torch.nn as nn
+    from rlhf_nb.core import logprobs_and_entropy
+    from rlhf_nb.chunked_head import lm_head_logprobs
+    torch.manual_seed(0)
+    head, h0, y = nn.Linear(32, 500, bias=False), torch.randn(4, 9, 32), torch.randint(0, 500, (4, 9))
+    def run(f):
+        h = h0.clone().requires_grad_(); head.zero_grad()
+        with torch.autocast("cpu", torch.bfloat16): lp, ent = f(h)
+        (lp.sum() + 0.1 * ent.sum()).backward()
+        return lp.detach(), ent.detach(), h.grad.clone(), head.weight.grad.clone()
+    a = run(lambda h: logprobs_and_entropy(head(h), y, 0.9, entropy_grad=True))
+    b = run(lambda h: lm_head_logprobs(h, head, y, 0.9, 5, entropy_grad=True))
+    for x, z in zip(a[:2], b[:2]): torch.testing.assert_close(z, x, atol=EPS, rtol=EPS)
+    for x, z in zip(a[2:], b[2:]): torch.testing.assert_close(z, x, atol=2e-2, rtol=2e-2)
+
 # --- tools/gpu_check.sh in its smoke mode: the GPU check's code on a tiny shape on the CPU ---------------------------
 def test_gpu_check_smoke_mode(tmp_path):
     import json, subprocess
