@@ -26,6 +26,7 @@ from .models import (load_tokenizer, load_causal_lm, load_value_model, load_conf
 from .rewards import RewardManager
 from .reward_model import ValidationScorer, load_reward_model
 from .sft import generate_greedy
+from .evaluate import sampled_validation
 from .packing import micro_batch_rows, padding_fraction
 from .agents import attach_agent, agent_warm_start, agent_answers, make_agent_loop
 from .workers import Role, ActorRolloutWorker, CriticWorker, RefPolicyWorker, RewardWorker
@@ -465,9 +466,8 @@ def evaluate(self: RLTrainer):
         prompts = [render_prompt(self.tokenizer, r["prompt"]) for r in rows]
         agent, n, bs = getattr(self.rollout, "agent", None), self.config.max_completion_length, self.config.eval_batch_size
         answers = agent_answers(agent, pol, self.tokenizer, rows, n, bs) if agent else generate_greedy(pol, self.tokenizer, prompts, n, bs)
-        pol.train(was)
-        out = self.val_reward_fn(rows, answers, self._reference_answers(rows, prompts))
-        self.last_eval_samples = list(zip(prompts, answers))[:4]
+        out = {**self.val_reward_fn(rows, answers, self._reference_answers(rows, prompts)), **sampled_validation(self, rows)}
+        pol.train(was); self.last_eval_samples = list(zip(prompts, answers))[:4]         # val/pass@k: val_n_samples > 0
     return out
 
 # %% ../nbs/02_ppo.ipynb #d3b1cada

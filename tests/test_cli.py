@@ -116,7 +116,8 @@ GROUPS = (OverwriteArgs, CheckpointArgs, TrackingArgs, DataArgs, LoraArgs, PeftA
 PER_STAGE = {"beta", "bf16", "dataset", "eval_size", "eval_steps", "learning_rate", "logging_steps", "loss_type", "lr_scheduler_type",
              "max_completion_length", "max_grad_norm", "max_length", "max_nan_steps", "max_prompt_length", "max_seconds", "max_steps",
              "model_name_or_path", "n_train", "num_generations", "output_dir", "overwrite_output_dir", "per_device_train_batch_size",
-             "ref_strategy", "seed", "share_prompt_prefix", "warm_start_dir", "warmup_steps", "weight_decay"}
+             "ref_strategy", "seed", "share_prompt_prefix", "temperature", "warm_start_dir", "warmup_steps",
+             "weight_decay"}
 
 
 def test_every_shared_option_is_declared_by_its_group_only():
