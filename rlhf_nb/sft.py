@@ -23,6 +23,7 @@ from .rewards import compute_score
 from .files import CACHE_ENV, cache_dir, expand_cache, fresh_output_dir, save_model_folder, write_json_atomic
 from .tracking import check_report_to, close_sinks, metric_sinks
 from .engine import LoopCheckpoints, RunGuard, RunLoop, TimeBudget, keep_rows
+from .packing import pack_sft_batch, check_padding_free
 
 # %% auto #0
 __all__ = ['SFT_INFO', 'encode_sft_row', 'sft_collate', 'generate_greedy', 'greedy_accuracy', 'sft_train', 'warm_start_settings',
@@ -122,13 +123,14 @@ def _lr_lambda(scheduler, warmup_steps, total_steps):
     return f
 
 # %% ../nbs/01c_sft.ipynb #df117dde
-def _sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length=None, max_grad_norm=1.0):
+def _sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length=None, max_grad_norm=1.0, padding_free=False):
     "`RunLoop`'s step for SFT: the next batch of the epoch-wise shuffle `order` (a list it consumes), one clipped AdamW step."
     device = next(model.parameters()).device
     def step(n):
         while len(order) < batch_size: order.extend(rng.sample(range(len(data)), len(data)))   # epoch-wise shuffling
         idx = order[:batch_size]; del order[:batch_size]
         batch = {k: v.to(device) for k, v in sft_collate([data[i] for i in idx], pad, max_length).items()}
+        if padding_free: batch = pack_sft_batch(batch)                   # rows packed, no pad tokens (rlhf_nb.packing)
         loss = model(**batch).loss
         loss.backward()
         if max_grad_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -141,7 +143,7 @@ def _sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length=N
 def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_size=128, max_steps=1000, eval_steps=25,
               target_accuracy=None, max_seconds=None, seed=0, lr_scheduler_type="constant", warmup_steps=50,
               weight_decay=0.0, max_grad_norm=1.0, eval_batch_size=256, score_fn=None, max_length=None,
-              fine_eval_steps=None, progress=True, checkpoints=None, on_log=None) -> list[dict]:
+              fine_eval_steps=None, progress=True, checkpoints=None, on_log=None, padding_free=False) -> list[dict]:
     "Completion-only SFT with AdamW; stops at `target_accuracy` on `eval_rows`, `max_steps` or `max_seconds`. Returns the history (each row also to `on_log`)."
     if not rows: raise ValueError("sft_train: no training rows")
     if target_accuracy is not None and not eval_rows: raise ValueError("sft_train: target_accuracy needs eval_rows")
@@ -160,7 +162,7 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     state = lambda n: dict(step=n, order=order, history=history, last_acc=live["acc"])
     was_training = model.training
     model.train()
-    RunLoop(_sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length, max_grad_norm), max_steps,
+    RunLoop(_sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length, max_grad_norm, padding_free), max_steps,
             st["step"] if st else 0, evaluate=evaluate if eval_rows else None, eval_due=lambda n: n % every() == 0,
             log=keep_rows(history, on_log, checkpoints and checkpoints.run_log.log), budget=TimeBudget(max_seconds),
             time_key="seconds", done=lambda r: target_accuracy is not None and r.get("eval_accuracy", -1.0) >= target_accuracy,
@@ -272,6 +274,8 @@ class SFTArgs(SupervisedArgs, CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, 
     max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.", min=2)
     tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
                                                   "(dialogue data); default: the character tokenizer.", min=1)
+    padding_free: bool = option(False, "TRL's name: each batch's rows packed without pad tokens, position ids restarting "
+                                "at each row (same loss; Llama/Qwen2 models). See rlhf_nb.packing.")
 
 
 # %% ../nbs/01c_sft.ipynb #d50dec75
@@ -302,12 +306,13 @@ def run_sft(a):
              if r["reward_model"]["style"] == "rule"]                   # greedy accuracy needs a rule; model rows are the RM's
     tok, model = _sft_model(a, train)
     train, model = _fitting_rows(tok, train, a.max_length), prepare_for_training(model, a)
+    if a.padding_free: check_padding_free(model)                         # other architectures: refused in one line
     with RunGuard(out) as stop:                     # the folder locked; SIGTERM/SIGINT: checkpoint, then Interrupted
         ck, sinks = LoopCheckpoints(out, a.save_steps, a.resume_from_checkpoint, a.save_total_limit, stop), metric_sinks(a.report_to, out, dataclasses.asdict(a))
         hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                          max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
                          max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
-                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck, on_log=lambda r: [s(r) for s in sinks])
+                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck, padding_free=a.padding_free, on_log=lambda r: [s(r) for s in sinks])
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"] if evals else None}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     close_sinks(sinks)                                                    # tracker files complete, then moved with the folder

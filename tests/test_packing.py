@@ -4,8 +4,10 @@ Worker level: the actor's log-probs and entropies (with and without a shared val
 reference's log-probs (frozen copy and LoRA with the adapter disabled) equal the padded forward's on the valid
 positions in float32 (1e-5), for a tiny Qwen2 and a tiny Llama. Loss level: token-budget micro-batches weighted by
 `loss_weights` give the gradient of one big batch for every loss aggregation mode. Trainer level: one PPO step with
-a critic, padded with one micro-batch against packed with a token budget (plain and fast trainers), gives the same
-gradients and metrics; the options, verl's alias and the refusal of other architectures are checked at build time."""
+a critic, padded with one micro-batch against packed with a token budget (plain and fast trainers, and the plain one with
+the chunked LM head), gives the same
+gradients and metrics; SFT with `padding_free` logs the padded losses; the options, verl's alias and the refusal of
+other architectures are checked at build time."""
 import copy, math
 
 import pytest
@@ -152,10 +154,12 @@ def one_step(tmp_path, cls, **kw):
 
 
 def test_packed_token_budget_step_equals_padded_step(tmp_path):
-    m0, g0 = one_step(tmp_path, RLTrainer)
-    assert m0["perf/padding_fraction"] > 0.1
-    for cls in (RLTrainer, FastRLTrainer):
-        m1, g1 = one_step(tmp_path, cls, padding_free=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40)
+    plain = one_step(tmp_path, RLTrainer)
+    assert plain[0]["perf/padding_fraction"] > 0.1
+    chunked = dict(fast_paths=False, logprob_chunk_size=5)                # the chunked LM head, against itself padded
+    for cls, extra, (m0, g0) in ((RLTrainer, {}, plain), (FastRLTrainer, {}, plain),
+                                 (RLTrainer, chunked, one_step(tmp_path, RLTrainer, **chunked))):
+        m1, g1 = one_step(tmp_path, cls, padding_free=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40, **extra)
         assert g0.keys() == g1.keys() and len(g0) == 2                    # actor and critic
         for k in g0: assert float((g0[k] - g1[k]).abs().max()) <= EPS * max(1.0, float(g0[k].abs().max()))
         for k, v in m0.items():
@@ -174,3 +178,16 @@ def test_options_alias_and_refusal():
                                          r"not 'gpt2': unset padding_free$"):
         set_padding_free(gpt2)
     assert padding_fraction(torch.ones(3, 4)) == 0
+
+
+def test_sft_padding_free_gives_the_padded_losses():
+    from rlhf_nb.prep import load_split
+    from rlhf_nb.sft import sft_train, SFTArgs
+    tok = char_tokenizer()
+    rows = load_split("arith", "train", "sft", 64, 0)
+    runs = [sft_train(tiny_causal_lm(tok, seed=0), tok, rows, learning_rate=1e-3, batch_size=16, max_steps=3, eval_steps=0,
+                      warmup_steps=0, progress=False, padding_free=pf) for pf in (False, True)]
+    losses = [[r["loss"] for r in h if "loss" in r] for h in runs]
+    assert len(losses[0]) == len(losses[1]) >= 1
+    for a, b in zip(*losses): assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), losses
+    assert not SFTArgs().padding_free
