@@ -27,6 +27,7 @@ from .models import short_sequence_attention, set_attention
 from .rewards import compute_score
 from .sft import greedy_accuracy, sft_warm_start
 from .speed import run_concurrently, resolve_parallel_roles, collate_shared_prompt, shared_sequence_logps
+from .packing import set_padding_free, is_padding_free, packed_lm_logits
 
 # %% auto #0
 __all__ = ['DPO_LOSS_TYPES', 'REF_STRATEGIES', 'PAIR_COLUMNS', 'DPOLoop', 'dpo_loss', 'encode_pair', 'collate_pairs',
@@ -91,8 +92,11 @@ def sequence_logps(model, input_ids, attention_mask, completion_mask):
     "Sum of log pi(token | prefix) over completion tokens only: right-padded [N,L] (`collate_pairs`) -> [N]."
     first = int(completion_mask.float().argmax(-1).min())                 # earliest completion position in the batch
     keep = input_ids.shape[1] - first                                     # logits for positions first-1 .. L-2
-    logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
-                   logits_to_keep=keep).logits
+    if is_padding_free(model):                                           # rows packed, no pad tokens (rlhf_nb.packing)
+        m = attention_mask[:, :-1]
+        logits = packed_lm_logits(model, input_ids[:, :-1], m, (m.cumsum(-1) - 1).clamp_min(0), keep)
+    else: logits = model(input_ids=input_ids[:, :-1], attention_mask=forward_attention_mask(attention_mask[:, :-1]),
+                         logits_to_keep=keep).logits
     labels, mask = input_ids[:, first:], completion_mask[:, first:]      # [N, L-first]
     return (logprobs_from_logits(logits, labels) * mask).sum(-1)
 
@@ -167,9 +171,12 @@ class DPOConfig(_DPOLoss, CheckpointArgs, TrackingArgs, AccelerateArgs, LoadArgs
     logging_steps: int = option(10, "Log training metrics every N steps.", min=1)
     eval_steps: int = option(50, "Evaluate every N steps (and at the start and the end).", min=0)
     max_nan_steps: int = option(3, "A NaN/inf loss or gradient skips that optimiser step; this many in a row stop the run.", min=1)
+    padding_free: bool = option(False, "TRL's name: each batch's sequences packed without pad tokens, position ids restarting "
+                                "at each row (same numbers; Llama/Qwen2 models; turns share_prompt_prefix off).")
 
     def __post_init__(self):
         super().__post_init__()                                           # the option groups' checks
+        if self.padding_free: self.share_prompt_prefix = False            # packed rows replace the shared-prompt forward
         if self.loss_type not in DPO_LOSS_TYPES: raise ValueError(f"loss_type must be one of {', '.join(DPO_LOSS_TYPES)}, not {self.loss_type!r}")
         if self.ref_strategy not in REF_STRATEGIES: raise ValueError(f"ref_strategy must be one of {', '.join(REF_STRATEGIES)}, not {self.ref_strategy!r}")
         for k in ("per_device_train_batch_size", "precompute_ref_batch_size", "logging_steps", "eval_steps", "max_nan_steps"):
@@ -264,6 +271,7 @@ class DPOTrainer:
         if config.use_peft and not is_peft_model(model):
             model = wrap_lora(model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules)
         if config.gradient_checkpointing: enable_gradient_checkpointing(model)
+        if config.padding_free: set_padding_free(model)                   # other architectures: refused in one line
         optimizer = make_adamw(model.parameters(), config.learning_rate, config.weight_decay)
         self.model_wrapped, self.optimizer = acc.prepare(model, optimizer)            # DDP under several processes
         self.model = acc.unwrap_model(self.model_wrapped, keep_fp32_wrapper=False)    # autocast is ours, per forward: no float32 copy of the logits

@@ -6,7 +6,7 @@ positions in float32 (1e-5), for a tiny Qwen2 and a tiny Llama. Loss level: toke
 `loss_weights` give the gradient of one big batch for every loss aggregation mode. Trainer level: one PPO step with
 a critic, padded with one micro-batch against packed with a token budget (plain and fast trainers, and the plain one with
 the chunked LM head), gives the same
-gradients and metrics; SFT with `padding_free` logs the padded losses; the options, verl's alias and the refusal of
+gradients and metrics; SFT and DPO with `padding_free` log the padded losses; the options, verl's alias and the refusal of
 other architectures are checked at build time."""
 import copy, math
 
@@ -191,3 +191,18 @@ def test_sft_padding_free_gives_the_padded_losses():
     assert len(losses[0]) == len(losses[1]) >= 1
     for a, b in zip(*losses): assert abs(a - b) <= 1e-5 * max(1.0, abs(a)), losses
     assert not SFTArgs().padding_free
+
+
+def test_dpo_padding_free_gives_the_padded_run(tmp_path):
+    from rlhf_nb.dpo import DPOConfig, dpo_trainer_class
+    from rlhf_nb.golden import DPO_RUN
+    runs = []
+    for pf in (False, True):
+        kw = {**DPO_RUN, "max_steps": 2, "output_dir": str(tmp_path / f"dpo{pf}"), "padding_free": pf}
+        tr = dpo_trainer_class(DPOConfig(**kw)).from_config(DPOConfig(**kw)).prepare_reference()
+        runs.append([r for r in tr.fit() if "loss" in r])
+    assert DPOConfig(padding_free=True).share_prompt_prefix is False
+    for a, b in zip(*runs):
+        for k in ("loss", "rewards/margins", "grad_norm", "logps/chosen", "logps/rejected"):
+            if k in a: assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(a[k])), (k, a[k], b[k])
+    assert len(runs[0]) == len(runs[1]) >= 1
