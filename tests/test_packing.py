@@ -206,3 +206,17 @@ def test_dpo_padding_free_gives_the_padded_run(tmp_path):
         for k in ("loss", "rewards/margins", "grad_norm", "logps/chosen", "logps/rejected"):
             if k in a: assert abs(a[k] - b[k]) <= 1e-5 * max(1.0, abs(a[k])), (k, a[k], b[k])
     assert len(runs[0]) == len(runs[1]) >= 1
+
+
+def test_cli_refuses_padding_free_for_another_architecture(tmp_path, capsys):
+    from rlhf_nb import launch
+    tok = char_tokenizer()
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=16, n_layer=1, n_head=2, pad_token_id=0, eos_token_id=5,
+                               bos_token_id=5)).save_pretrained(tmp_path / "gpt2")
+    tok.save_pretrained(tmp_path / "gpt2")
+    rc = launch.main(["grpo", "--model_name_or_path", str(tmp_path / "gpt2"), "--use_remove_padding", "true", "--output_dir",
+                      str(tmp_path / "out"), "--max_steps", "1", "--eval_steps", "0", "--arith_train_size", "32",
+                      "--per_device_train_batch_size", "2", "--num_generations", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1] == ("rlhf-nb grpo: error: padding_free (use_remove_padding) holds for model_type llama "
+                                   "and qwen2, not 'gpt2': unset padding_free"), err
