@@ -16,5 +16,6 @@ python -m rlhf_nb.launch grpo --config configs/grpo_reasoning_gym.yaml --model_n
     --output_dir "$OUT/grpo" --max_seconds "$RL_SECONDS" | tee bench/results_rg_learning.json
 python - <<'PY'
 import json; s = json.load(open("bench/results_rg_learning.json"))
-acc = s["eval_accuracy"]; print(f"held-out verifier accuracy: {acc[0]} at the SFT start -> {acc[-1]} after GRPO ({s['steps']} steps, {s['seconds']} s)")
+(s0, a0), (s1, a1) = s["eval_accuracy"][0], s["eval_accuracy"][-1]
+print(f"held-out verifier accuracy: {a0:.3f} at the SFT start (step {s0}) -> {a1:.3f} after GRPO (step {s1}, {s['seconds']} s): {100 * (a1 - a0):+.1f} points")
 PY
