@@ -73,7 +73,8 @@ def _interleave(groups):
 def prep_reasoning_gym(task, n=1000, n_test=200, seed=0):
     "reasoning-gym tasks `task` ('a,b:key=value') as Splits: `n` train rows and up to `n_test` test rows, tasks mixed."
     tasks = parse_tasks(task)
-    if n < len(tasks) or n_test < 0: raise ConfigError(f"--n {n} / --n_test {n_test}: need --n >= {len(tasks)} (one row per task) and --n_test >= 0")
+    if n < len(tasks) or n_test < 0:
+        raise ConfigError(f"--n {n} / --n_test {n_test}: need --n >= {len(tasks)} (one row per task) and --n_test >= 0")
     share = lambda total, j: total // len(tasks) + (j < total % len(tasks))
     train, test, notes = [], [], []
     for j, (name, cfg) in enumerate(tasks):
@@ -265,5 +266,6 @@ def verifiers_rows(tasks, split="train"):
     for i, t in enumerate(tasks):
         text = (t.data.system_prompt + "\n\n" if t.data.system_prompt else "") + t.data.prompt_text
         rows.append({"data_source": ENV_DATA_SOURCE, "prompt": [{"role": "user", "content": text}], "ability": "agent",
-                     "reward_model": {"style": "rule", "ground_truth": ""}, "extra_info": {"split": split, "index": i, "tools_kwargs": {"task_index": i}}})
+                     "reward_model": {"style": "rule", "ground_truth": ""},
+                     "extra_info": {"split": split, "index": i, "tools_kwargs": {"task_index": i}}})
     return rows
