@@ -1,8 +1,10 @@
 """Kill-and-resume: a run killed with SIGKILL and resumed from its checkpoint logs, step for step, exactly the
 metrics of the run that was never interrupted, and ends with bit-identical weights.
 
-Each run is a fresh process of the CLI's own entry point (`tests/_resume_worker.py` calls `rlhf_nb.launch.main`,
-with a dense reward for the arithmetic task so a tiny untrained policy gets real gradients; see its docstring).
+Each run is a process of its own running the CLI's entry point (`tests/_resume_worker.py` calls `rlhf_nb.launch.main`,
+with a dense reward for the arithmetic task so a tiny untrained policy gets real gradients; see its docstring),
+forked from an interpreter that imported torch and rlhf_nb once (tests/_zygote.py): its signals, kills and exit
+statuses are a real process's, only the imports are skipped. `RLHF_NB_TEST_FORK=0` starts fresh interpreters instead.
 Runs are tiny (6 steps of 4 prompts, 4 new tokens, 8 training prompts so every second step ends an epoch) and
 pinned to one thread each, so results are bit-reproducible; independent runs are started side by side. The options
 make every piece of state move from step to step: an adaptive KL coefficient, a warm-up + cosine (PPO) or linear
@@ -22,6 +24,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from _zygote import spawn
 
 WORKER = Path(__file__).with_name("_resume_worker.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +68,7 @@ class Run:
         self.out, self.log = Path(out), Path(f"{out}.log")
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self.fh = open(self.log, "w")
-        self.proc = subprocess.Popen(argv, stdout=self.fh, stderr=subprocess.STDOUT, env=ENV, cwd=ROOT)
+        self.proc = spawn(argv, env=ENV, cwd=ROOT, log=self.log)       # forked from a preloaded interpreter (tests/_zygote.py)
 
     def wait(self):
         try: rc = self.proc.wait(timeout=TIMEOUT)
