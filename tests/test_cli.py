@@ -115,7 +115,8 @@ GROUPS = (OverwriteArgs, CheckpointArgs, TrackingArgs, DataArgs, LoraArgs, PeftA
 # prompts or pairs). A name that is not here and is declared twice should join a group in rlhf_nb.config instead.
 PER_STAGE = {"beta", "bf16", "dataset", "eval_size", "eval_steps", "learning_rate", "logging_steps", "loss_type", "lr_scheduler_type",
              "max_completion_length", "max_grad_norm", "max_length", "max_nan_steps", "max_prompt_length", "max_seconds", "max_steps",
-             "model_name_or_path", "n_train", "num_generations", "output_dir", "overwrite_output_dir", "per_device_train_batch_size",
+             "model_name_or_path", "n_train", "num_generations", "output_dir", "overwrite_output_dir", "padding_free",
+             "per_device_train_batch_size",
              "ref_strategy", "seed", "share_prompt_prefix", "temperature", "warm_start_dir", "warmup_steps",
              "weight_decay"}
 
