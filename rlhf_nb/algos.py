@@ -32,21 +32,21 @@ def run_grpo(config, **trainer_kw):
     return trainer
 
 # %% ../nbs/02b_grpo.ipynb #3c527ac2
-def run_rl(cfg, data_args=None, trainer_kwargs=None):
-    "Train `cfg` (a PPOConfig/GRPOConfig) with the RL trainer; main process writes `output_dir/summary.json`. Returns the summary."
+def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=None, last_key="score/mean", extra=None):
+    "Train `cfg` with the RL trainer (or `trainer_class`); main process writes `output_dir/summary.json`. Returns the summary."
     data_args = data_args or DataArgs()
     t0 = time.time()
     cfg.dataset = resolve_dataset(cfg.dataset, data_args.data_dir, data_args.dataset_source)
     if cfg.eval_dataset: cfg.eval_dataset = resolve_dataset(cfg.eval_dataset, data_args.data_dir, data_args.dataset_source)
-    trainer = rl_trainer_class(cfg)(cfg, **(trainer_kwargs or {}))
+    trainer = (trainer_class or rl_trainer_class(cfg))(cfg, **(trainer_kwargs or {}))
     hist = trainer.fit()
     acc = trainer.accelerator
     sums = gather_checksums(acc, trainer.actor, trainer.critic)
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     rm_evals = [(h["step"], h["eval/rm_score"], h.get("eval/win_rate")) for h in hist if "eval/rm_score" in h]
-    last = next((h for h in reversed(hist) if "score/mean" in h), {})
-    summary = {"algo": cfg.adv_estimator, "steps": trainer.global_step, "world_size": acc.num_processes,
-               "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, "eval_accuracy": evals,
+    last = next((h for h in reversed(hist) if last_key in h), {})
+    summary = {"algo": algo or cfg.adv_estimator, "steps": trainer.global_step, "world_size": acc.num_processes,
+               "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, **(extra or {}), "eval_accuracy": evals,
                **({"eval_rm_score_win_rate": rm_evals} if rm_evals else {}),
                "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
                "seconds": round(time.time() - t0, 1), **peak_memory(), "output_dir": cfg.output_dir}

@@ -4,22 +4,17 @@
 
 # %% ../nbs/02c_distill.ipynb #f37c7baa
 from __future__ import annotations
-import json, time
-from pathlib import Path
 import torch
 from fastcore.basics import patch
 from .config import ConfigError
 from .core import logprobs_from_logits, logprobs_and_entropy, masked_mean, agg_loss, actor_loss
-from .files import write_json_atomic
-from .dist import gather_checksums, peak_memory
-from .prep import resolve_dataset, DataArgs
 from .models import load_tokenizer, load_causal_lm, load_config, load_kwargs, same_vocab, check_model_path, disable_dropout
 from .workers import Role, causal_lm_logits
 from .rollout import ratio_inputs
 from .rl_config import DistillConfig          # declared without torch; importable from here too
 from .ppo import RLTrainer
 from .fast import FastRLTrainer
-from .algos import rl_trainer_class
+from .algos import rl_trainer_class, run_rl
 
 # %% auto #0
 __all__ = ['reverse_kl_advantages', 'distill_advantages', 'exact_reverse_kl', 'teacher_topk', 'topk_forward_kl', 'TeacherWorker',
@@ -184,20 +179,5 @@ def distill_trainer_class(cfg):
 def run_distill(cfg, data_args=None, trainer_kwargs=None):
     "Train `cfg` (a DistillConfig) with the distilling trainer; the main process writes `output_dir/summary.json`. -> summary"
     check_model_path(cfg.teacher_model_name_or_path, "teacher_model_name_or_path")
-    data_args, t0 = data_args or DataArgs(), time.time()
-    cfg.dataset = resolve_dataset(cfg.dataset, data_args.data_dir, data_args.dataset_source)
-    if cfg.eval_dataset: cfg.eval_dataset = resolve_dataset(cfg.eval_dataset, data_args.data_dir, data_args.dataset_source)
-    trainer = distill_trainer_class(cfg)(cfg, **(trainer_kwargs or {}))
-    hist, acc = trainer.fit(), trainer.accelerator
-    sums = gather_checksums(acc, trainer.actor, trainer.critic)
-    last = next((h for h in reversed(hist) if "distill/reverse_kl" in h), {})
-    summary = {"algo": "distill", "steps": trainer.global_step, "world_size": acc.num_processes, "param_checksums": sums,
-               "ranks_identical": len(set(sums)) == 1, "teacher": str(cfg.teacher_model_name_or_path),
-               "eval_accuracy": [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h],
-               "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
-               "seconds": round(time.time() - t0, 1), **peak_memory(), "output_dir": cfg.output_dir}
-    if acc.is_main_process:
-        write_json_atomic(Path(cfg.output_dir) / "summary.json", summary)
-        print(json.dumps({k: summary[k] for k in ("algo", "steps", "world_size", "eval_accuracy", "seconds")}))
-    if not summary["ranks_identical"]: raise RuntimeError(f"parameters differ across ranks after training: {sums}")
-    return summary
+    return run_rl(cfg, data_args, trainer_kwargs, trainer_class=distill_trainer_class(cfg), algo="distill",
+                  last_key="distill/reverse_kl", extra={"teacher": str(cfg.teacher_model_name_or_path)})
