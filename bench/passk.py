@@ -13,11 +13,11 @@ Small default (after the first build, about 2 minutes on 2 shared cores: 40 GRPO
 Full size (500 held-out prompts, 64 samples, 200 GRPO steps):
     python bench/passk.py --eval_size 500 --n_samples 64 --grpo_steps 200 --fresh
 Adding a checkpoint (the GRPO run and the other checkpoints' eval files are reused when already there):
-    python bench/passk.py --checkpoint opd=runs/distill/model
+    python bench/passk.py --checkpoint opd=runs/distill/model --describe "opd=sft after 40 distillation steps"
 Writes bench/results_passk.json, bench/results_passk.md and bench/results_passk.png; eval files in bench/_work/passk/.
 """
 from __future__ import annotations
-import argparse, json, os, shutil, sys, time
+import argparse, json, os, shlex, shutil, sys, time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -66,12 +66,13 @@ def table(rows, ks):
 def report(meta, rows):
     "Write bench/results_passk.md from the results (also `--report`, without running anything); -> the table."
     ks, s, g = rows[0]["ks"], meta.get("sft_start") or {}, meta.get("grpo") or {}
+    extra = "".join(f"; {r['name']} = {r.get('about') or r['path']}" for r in rows[2:])    # --describe, else the folder
     md = [f"# pass@k on the arithmetic task ({meta['date']})", "",
           f"{meta['eval_size']} held-out prompts, {meta['n_samples']} samples each at temperature {meta['temperature']} "
           f"(seed {meta['seed']}); greedy = greedy accuracy on the same prompts; brackets: 95% interval across prompts "
           f"(normal approximation). Checkpoints: sft = the tiny model's SFT warm start ({s.get('steps')} steps, held-out "
           f"greedy accuracy {s.get('eval_accuracy') or 0:.3f} at the stop), grpo = sft after {g.get('steps')} GRPO steps "
-          f"(16 prompts x 8 samples, lr 2e-4, no KL){', then ' + ', '.join(r['name'] for r in rows[2:]) if rows[2:] else ''}. "
+          f"(16 prompts x 8 samples, lr 2e-4, no KL){extra}. "
           f"{meta['cpus']} CPUs, {meta['torch_threads']} torch thread(s), load {meta['load']}.", "",
           table(rows, ks), "", f"Command: `{meta['command']}`", "",
           "Add a checkpoint: `python bench/passk.py --checkpoint NAME=DIR` (same prompts, samples and seed).", "",
@@ -89,6 +90,8 @@ def main(argv=None):
     ap.add_argument("--fresh", action="store_true", help="redo the GRPO run and every eval even when bench/_work/passk holds them")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--checkpoint", action="append", default=[], metavar="NAME=DIR", help="another checkpoint to evaluate")
+    ap.add_argument("--describe", action="append", default=[], metavar="NAME=TEXT",
+                    help="how an added checkpoint was made, for the table's caption")
     ap.add_argument("--report", action="store_true", help="rewrite results_passk.md from results_passk.json only")
     a = ap.parse_args(argv)
     if a.report:
@@ -107,11 +110,13 @@ def main(argv=None):
     grpo_dir, grpo_summary = grpo_checkpoint(sft_dir, WORK / "grpo_run", a.grpo_steps, a.seed)
     checkpoints = [("sft", sft_dir), ("grpo", grpo_dir)] + [tuple(c.split("=", 1)) for c in a.checkpoint]
     rows, held_out = [], make_arith(a.eval_size, "test", seed=a.seed)
+    about = dict(d.split("=", 1) for d in a.describe)
     for name, path in checkpoints:
         res, secs = evaluate(name, path, a)
         tok, model = load_tokenizer(str(path), verbose=False), load_causal_lm(str(path)).eval()
         greedy = greedy_accuracy(model, tok, held_out, batch_size=256)["accuracy"]
-        rows.append({"name": name, "path": str(path), "greedy": greedy, "eval_seconds": secs and round(secs, 1),
+        rows.append({"name": name, "path": str(path), "about": about.get(name), "greedy": greedy,
+                     "eval_seconds": secs and round(secs, 1),
                      "metrics": res["metrics"]["all"], "ks": res["ks"]})
         print(f"passk: {name}: greedy {greedy:.3f}, pass@1 {res['accuracy']:.3f}, "
               f"pass@{a.n_samples} {res['metrics']['all'][f'pass@{a.n_samples}']:.3f}"
@@ -124,7 +129,7 @@ def main(argv=None):
             "sft_start": {k: json.loads((sft_dir / "sft_info.json").read_text()).get(k)
                           for k in ("steps", "reached_target", "eval_accuracy", "final_accuracy", "train_seconds")},
             "grpo": {k: grpo_summary.get(k) for k in ("steps", "seconds") if k in grpo_summary},
-            "command": "python bench/passk.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "command": "python bench/passk.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "ci": "95% normal approximation across prompts"}
     (BENCH / "results_passk.json").write_text(json.dumps({"meta": meta, "checkpoints": rows}, indent=1))
     print(report(meta, rows))
