@@ -10,7 +10,8 @@ from .config import import_object, option
 
 # %% auto #0
 __all__ = ['PLACEMENTS', 'ENGINES', 'VLLM_MODES', 'ASYNC_PLACEMENTS', 'run_check', 'LoadArgs', 'LoraArgs', 'PeftArgs',
-           'AccelerateArgs', 'check_accelerate_args', 'PlacementArgs', 'RolloutArgs', 'AsyncArgs', 'AgentArgs']
+           'AccelerateArgs', 'check_accelerate_args', 'PlacementArgs', 'RolloutArgs', 'AsyncArgs', 'AgentArgs',
+           'LaunchArgs']
 
 # %% ../nbs/00b_options.ipynb #2c030e6a
 def run_check(obj, target):
@@ -102,15 +103,16 @@ class RolloutArgs:
     vllm_enable_sleep_mode: bool = option(False, "Free vLLM's memory while the trainer updates (GPU only).")
     vllm_max_model_len: Optional[int] = option(None, "vLLM's context length; default max_prompt_length + max_completion_length.")
     importance_sampling_mode: Optional[str] = option(None, "Correction for the sampler/trainer mismatch: none, token_truncate, token_mask, sequence_truncate, "
-                                                      "sequence_mask; default token_truncate with vllm, none with hf.")
+                                                      "sequence_mask, geometric_mask (verl's geometric); default token_truncate with vllm, none with hf.")
     importance_sampling_cap: float = option(3.0, "Cap C of the importance weights (truncated at C, or masked above C).")
     vllm_importance_sampling_correction: Optional[bool] = option(None, "TRL's switch: false = importance_sampling_mode none.")
     vllm_importance_sampling_mode: Optional[str] = option(None, "TRL's name for importance_sampling_mode.")
     vllm_importance_sampling_cap: Optional[float] = option(None, "TRL's name for importance_sampling_cap.")
+    keep_sampling_mask: bool = option(False, "With top_k/top_p: sampler and trainer log-probs both over the sampler's kept set (DeepSeek-V3.2's Keep Sampling Mask); plain trainer, hf engine (rlhf_nb.rollout_corr).")
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()
-        run_check(self, "rlhf_nb.rollout:check_rollout_args")
+        run_check(self, "rlhf_nb.rollout_corr:check_rollout_corr_args")       # rollout's check, then the corrections'
 
 # %% ../nbs/00b_options.ipynb #a2309344
 ASYNC_PLACEMENTS = ("colocate", "ray")
@@ -124,6 +126,11 @@ class AsyncArgs:
     off_policy_objective: Optional[str] = option(None, "Loss on stale samples: decoupled (clip against the trainer's recomputed log-probs, "
                                                  "each token weighted by importance_sampling_mode) or bypass (clip against the sampler's "
                                                  "log-probs, no weight); default bypass when max_staleness >= 1, else decoupled.")
+    partial_rollout: bool = option(False, "Partial rollouts (verl's name): decode in chunks of partial_rollout_chunk tokens; "
+                                   "the next batch starts once half of this one has finished, and the unfinished responses "
+                                   "continue under the newer weights it needs, each token keeping its version and log-prob. "
+                                   "Needs max_staleness >= 1 and placement colocate.")
+    partial_rollout_chunk: int = option(8, "Tokens decoded between weight-version checks when partial_rollout is on.")
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()
@@ -141,7 +148,24 @@ class AgentArgs:
     tool_timeout: float = option(10.0, "Seconds a tool call may take before it fails (the model is told).")
     warm_start_demos: int = option(48, "With model 'tiny', warm_start_dir and environment 'calculator': demonstrations the supervised warm start learns from.")
     warm_start_steps: int = option(225, "Supervised steps (16 demonstrations each) of that warm start.")
+    agent_function: Optional[str] = option(None, "A black-box agent 'package.module:function', called as agent(base_url, row) -> reward against the policy served behind an OpenAI-compatible API (rlhf_nb.endpoint); replaces environment and tools.")
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()
         run_check(self, "rlhf_nb.agents:check_agent_args")
+        if self.agent_function: run_check(self, "rlhf_nb.endpoint:check_agent_function")
+
+# %% ../nbs/00b_options.ipynb #001c8724
+@dataclass
+class LaunchArgs:
+    "Options of the launch layer, shared by the training subcommands."
+    accelerate_config: Optional[str] = option(None, "Run under `accelerate launch` with this config: a YAML file or a built-in name (cpu_2proc, single_gpu, multi_gpu, fsdp, deepspeed_zero2, deepspeed_zero3, multi_node).")
+    num_processes: Optional[int] = option(None, "With --accelerate_config: override its total number of processes.")
+    num_machines: Optional[int] = option(None, "With --accelerate_config: override its number of machines.")
+    machine_rank: Optional[int] = option(None, "With --accelerate_config (multi-node): this machine's rank, 0 on the main node.")
+    main_process_ip: Optional[str] = option(None, "With --accelerate_config (multi-node): address of the machine with machine_rank 0.")
+    main_process_port: Optional[int] = option(None, "With --accelerate_config: port of the main process (0 = a free one).")
+    dry_run: bool = option(False, "With --accelerate_config: print the `accelerate launch` command this machine would run, and stop (nothing starts; the config's GPUs need not be here).")
+    push_to_hub: bool = option(False, "After training, upload the final model with a model card (config, final metrics) to the Hub.")
+    hub_model_id: Optional[str] = option(None, "Hub repository for --push_to_hub: 'user/name' or 'name' (default: the output_dir's name).")
+    hub_private_repo: bool = option(False, "Create the --push_to_hub repository as private.")
