@@ -17,7 +17,7 @@ from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load
                               shard_batches, staleness_metrics)
 
 # %% auto #0
-__all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping',
+__all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping', 'pool_spec',
            'ResourcePoolManager', 'run_roles', 'complete_pools', 'require_ray', 'check_placement', 'plot_placements',
            'step_timeline', 'plot_step_timeline', 'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer',
            'worker_method', 'worker_attr', 'last_lr', 'prepare_update', 'role_update', 'save_role', 'load_role',
@@ -60,10 +60,19 @@ def parse_mapping(spec, what, value=str):
     except (TypeError, ValueError): raise ConfigError(f"{what}: every value must be a {value.__name__}, got {spec!r}") from None
 
 # %% ../nbs/01g_placement.ipynb #0c834f2c
+def pool_spec(pool, value):
+    "(workers, node or None) of one pool's spec: `2`, or `2@node_b` (its workers on the Ray node with resource node_b)."
+    n, _, node = str(value).partition("@")
+    try: return int(n), node.strip() or None
+    except ValueError:
+        raise ConfigError(f"resource_pools: pool {pool!r} is {value!r}; expected a worker count, e.g. 2 or 2@node_b") from None
+
 class ResourcePoolManager:
-    "Pools of workers (`resource_pool_spec` {pool: n_workers}) and the pool of each role (`mapping` {role: pool})."
+    "Pools of workers (`resource_pool_spec` {pool: n_workers}, `pool_nodes` {pool: node}) and the pool of each role."
     def __init__(self, resource_pool_spec, mapping):
-        self.resource_pool_spec = parse_mapping(resource_pool_spec, "resource_pools", int)
+        spec = {p: pool_spec(p, v) for p, v in parse_mapping(resource_pool_spec, "resource_pools").items()}
+        self.resource_pool_spec = {p: n for p, (n, _) in spec.items()}
+        self.pool_nodes = {p: node for p, (_, node) in spec.items() if node}
         for pool, n in self.resource_pool_spec.items():
             if n < 1: raise ConfigError(f"resource_pools: pool {pool!r} has {n} workers; a pool needs at least 1")
         self.mapping = {}
@@ -103,6 +112,7 @@ def complete_pools(rpm, critic_mode, ref_active, teacher=False):
     spec, mapping = dict(rpm.resource_pool_spec) if rpm else {}, dict(rpm.mapping) if rpm else {}
     if not mapping: spec, mapping = spec or {"global_pool": 1}, {}
     out = ResourcePoolManager(spec, {})
+    out.pool_nodes = dict(rpm.pool_nodes) if rpm else {}
     out.mapping = mapping or {r: next(iter(spec)) for r in roles}
     _refuse_extra_roles(out, roles, critic_mode)
     actor_pool = out.mapping.get(Role.ActorRollout)
@@ -220,11 +230,12 @@ class RoleHost:
         return ray.util.get_node_ip_address(), _free_port()
 
     def start(self, build, roles, addr, port):
-        "Join the pool's process group (when it has several workers), then `build(roles)` the trainer; -> this process id."
+        "Join the pool's process group (when it has several workers), then `build(roles)` the trainer; -> (pid, Ray node id)."
         if self.world > 1:
             os.environ.update(RANK=str(self.rank), LOCAL_RANK="0", WORLD_SIZE=str(self.world), MASTER_ADDR=addr, MASTER_PORT=str(port))
         self.trainer = build(roles)
-        return os.getpid()
+        import ray
+        return os.getpid(), ray.get_runtime_context().get_node_id()
 
     def run(self, fn, *args):
         "`fn(trainer, *args)`, and the seconds it took: the one way the driver's work reaches this worker."
@@ -278,11 +289,13 @@ def load_role(t, role, folder, root, pool):
 # %% ../nbs/01g_placement.ipynb #afa705d3
 class WorkerGroup:
     "The Ray actors of one pool, one per rank, each hosting every role placed on the pool."
-    def __init__(self, pool, roles, actors, pg=None): self.pool, self.roles, self.actors, self.pg, self.pids = pool, list(roles), list(actors), pg, {}
+    def __init__(self, pool, roles, actors, pg=None, node=None):
+        self.pool, self.roles, self.actors, self.pg, self.pids, self.node = pool, list(roles), list(actors), pg, {}, node
+        self.node_ids = {}                                               # rank -> the Ray node it runs on
     @property
     def world(self): return len(self.actors)
     def label(self, rank):
-        return f"Ray worker of role {'+'.join(r.name for r in self.roles)} on pool {self.pool!r} (rank {rank}, pid {self.pids.get(rank, '?')})"
+        return f"Ray worker of role {'+'.join(r.name for r in self.roles)} on pool {self.pool!r}{f' on node {self.node!r}' if self.node else ''} (rank {rank}, pid {self.pids.get(rank, '?')})"
 
 def wait_all(pending):
     "Results of [(group, rank, ref)], in order; a dead worker -> WorkerLost naming it; a worker's exception -> re-raised."
@@ -344,7 +357,9 @@ def _reserve(self, ray, pool, n):
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
     a = self.args
-    bundle = {"CPU": a.ray_cpus_per_worker, **({"GPU": a.ray_gpus_per_worker} if a.ray_gpus_per_worker else {})}
+    node = self.rpm.pool_nodes.get(pool)                                 # a sliver of the node's own resource pins the pool
+    bundle = {"CPU": a.ray_cpus_per_worker, **({"GPU": a.ray_gpus_per_worker} if a.ray_gpus_per_worker else {}),
+              **({node: 0.001} if node else {})}
     pg = placement_group([bundle] * n, strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=120)
     if not ready: raise ConfigError(f"pool {pool!r}: the Ray cluster cannot hold {n} workers of {bundle} (see `ray status`)")
@@ -352,7 +367,7 @@ def _reserve(self, ray, pool, n):
     actors = [Host.options(num_cpus=a.ray_cpus_per_worker, num_gpus=a.ray_gpus_per_worker, max_restarts=0,
                            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=r)).remote(r, n, a.ray_cpus_per_worker)
               for r in range(n)]
-    return WorkerGroup(pool, self.rpm.roles_on(pool), actors, pg)
+    return WorkerGroup(pool, self.rpm.roles_on(pool), actors, pg, node)
 RayPlacement._reserve = _reserve
 
 # %% ../nbs/01g_placement.ipynb #fa145190
@@ -364,9 +379,9 @@ def _place(self, build, output_dir=None):
     for g in self.groups.values():
         addr, port = ray.get(g.actors[0].address.remote())
         pending += [(g, r, a.start.remote(build, g.roles, addr, port)) for r, a in enumerate(g.actors)]
-    for (g, r, _), pid in zip(pending, wait_all(pending)): g.pids[r] = pid
+    for (g, r, _), (pid, node_id) in zip(pending, wait_all(pending)): g.pids[r], g.node_ids[r] = pid, node_id
     if output_dir:
-        rows = [{"pool": g.pool, "roles": [x.name for x in g.roles], "rank": r, "pid": pid} for g in self.groups.values() for r, pid in g.pids.items()]
+        rows = [{"pool": g.pool, "roles": [x.name for x in g.roles], "rank": r, "pid": pid, "node": g.node, "node_id": g.node_ids[r]} for g in self.groups.values() for r, pid in g.pids.items()]
         Path(output_dir).mkdir(parents=True, exist_ok=True); (Path(output_dir) / "ray_workers.json").write_text(json.dumps(rows, indent=1))
     return {r: RemoteRole(g, r) for g in self.groups.values() for r in g.roles}
 RayPlacement.place = _place
