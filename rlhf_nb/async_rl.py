@@ -11,14 +11,16 @@ from .config import ConfigError
 from .options import ASYNC_PLACEMENTS, AsyncArgs  # declared without torch; importable from here too
 from .core import OFF_POLICY_OBJECTIVES, get_is_correction, no_is_correction
 from .models import is_peft_model
-from .rollout import HFEngine, SamplingParams, RolloutEngineError, checkpoint_weights
+from .rollout import (HFEngine, SamplingParams, RolloutEngineError, checkpoint_weights, Completion,
+                             completions_to_batch, prompt_lists)
 from .workers import Role
 
 # %% auto #0
-__all__ = ['IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'check_async_args', 'sampler_copy',
-           'published_weights', 'batch_params', 'needs_sampler_logprobs', 'check_batch_logprobs', 'colocated_producer',
-           'staleness_metrics', 'SampledAhead', 'in_flight_state', 'start_producer', 'policy_state', 'load_on_host',
-           'sample_on_host', 'shard_batches']
+__all__ = ['IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'check_partial_rollout',
+           'check_async_args', 'sampler_copy', 'published_weights', 'batch_params', 'needs_sampler_logprobs',
+           'check_batch_logprobs', 'colocated_producer', 'staleness_metrics', 'token_age_metrics', 'SampledAhead',
+           'in_flight_state', 'start_producer', 'PartialBatch', 'chunk_seed', 'decode_chunk', 'partial_result',
+           'PartialRolloutProducer', 'policy_state', 'load_on_host', 'sample_on_host', 'shard_batches']
 
 # %% ../nbs/01fs_async.ipynb #29738a56
 def sampling_version(step, max_staleness):
@@ -107,6 +109,20 @@ def _stop(self):
 RolloutProducer.publish, RolloutProducer.publish_timed, RolloutProducer._wait_for, RolloutProducer.take = _publish, _publish_timed, _wait_for, _take
 RolloutProducer.in_flight, RolloutProducer.stop = _in_flight, _stop
 
+# %% ../nbs/01fs_async.ipynb #fecb5eb8
+def check_partial_rollout(a):
+    "Refuse `partial_rollout` where it cannot run (ConfigError: one line naming the option and what can)."
+    if not getattr(a, "partial_rollout", False): return
+    if not a.max_staleness:
+        raise ConfigError("partial_rollout needs max_staleness >= 1 (a batch's tail continues under the next weight version, "
+                          "which a synchronous run does not have), got max_staleness 0")
+    if not isinstance(a.partial_rollout_chunk, int) or a.partial_rollout_chunk < 1:
+        raise ConfigError(f"partial_rollout_chunk must be an integer >= 1, got {a.partial_rollout_chunk!r}")
+    if getattr(a, "placement", "colocate") != "colocate":
+        raise ConfigError(f"partial_rollout runs with placement colocate (a sampler thread), not {a.placement!r}")
+    if getattr(a, "environment", None) or getattr(a, "tools", None):
+        raise ConfigError("partial_rollout decodes single-turn responses; tool use (environment, tools) samples whole episodes")
+
 # %% ../nbs/01fs_async.ipynb #28944c91
 def check_async_args(a, world=1):
     "Refuse an asynchronous setup that cannot run (ConfigError naming the option and what can)."
@@ -115,6 +131,7 @@ def check_async_args(a, world=1):
     if a.off_policy_objective is None: a.off_policy_objective = "bypass" if a.max_staleness else "decoupled"
     if a.off_policy_objective not in OFF_POLICY_OBJECTIVES:
         raise ConfigError(f"off_policy_objective must be one of {', '.join(OFF_POLICY_OBJECTIVES)}, not {a.off_policy_objective!r}")
+    check_partial_rollout(a)
     if not a.max_staleness: return
     placement = getattr(a, "placement", "colocate")
     if placement not in ASYNC_PLACEMENTS:
@@ -170,8 +187,31 @@ def colocated_producer(trainer, first=1, ready=None):
         check_batch_logprobs(data, cfg, engine.name)
         data, rm = trainer.compute_scores(data)
         return {"data": data, "reward_metrics": rm, "version": version, "sampler_state": state}
+    if getattr(cfg, "partial_rollout", False): return _partial_colocated(trainer, engine, first, ready)
     p = RolloutProducer(sample, lambda w, v: engine.update_weights(list(w.items()), v), cfg.max_staleness, first=first,
                         last=cfg.max_steps, loaded_version=trainer.global_step, ready=ready)
+    p.engine = engine
+    return p.start()
+
+# %% ../nbs/01fs_async.ipynb #bd99cc63
+def _partial_colocated(trainer, engine, first, ready):
+    "`colocated_producer` with `partial_rollout`: a `PartialRolloutProducer` decoding on `engine`."
+    cfg, dev = trainer.config, trainer.accelerator.device
+    def begin(j):
+        batch = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in trainer.next_batch().items()}
+        return PartialBatch(j, prompt_lists(batch["input_ids"], batch["attention_mask"]), batch_params(cfg, j),
+                            {"batch": batch, "sampler_state": dict(trainer.sampler_state)})
+    def finish(pb, overlap):
+        out, ver = partial_result(pb, engine.eos_token_id, engine.pad_token_id)
+        data = {**{k: v for k, v in pb.extra["batch"].items() if k not in ("input_ids", "attention_mask", "position_ids")},
+                **{k: v.to(dev) for k, v in out.items()}}
+        data, rm = trainer.compute_scores(data)
+        return {"data": data, "reward_metrics": rm, "version": int(ver[ver >= 0].min()), "token_versions": ver,
+                "overlap": overlap, "sampler_state": pb.extra["sampler_state"]}
+    hold = ready[max(ready)].get("overlap", 0) if ready else 0
+    p = PartialRolloutProducer(begin, lambda pb: decode_chunk(engine, pb, cfg.partial_rollout_chunk), finish,
+                               lambda w, v: engine.update_weights(list(w.items()), v), cfg.max_staleness, hold=hold,
+                               first=first, last=cfg.max_steps, loaded_version=trainer.global_step, ready=ready)
     p.engine = engine
     return p.start()
 
@@ -184,6 +224,12 @@ def staleness_metrics(step, versions, producer):
     return {"staleness/mean": sum(st) / len(st), "staleness/max": max(st),
             "time/trainer_wait": producer.trainer_wait - last[0], "time/sampler_wait": producer.sampler_wait - last[1]}
 
+def token_age_metrics(step, token_versions, mask, max_staleness):
+    "Share of the response tokens of step `step`'s batch by age (versions behind the trainer): {'async/token_age_k': share}."
+    ages = ((step - 1) - token_versions.cpu())[mask.cpu().bool()]
+    n = max(1, ages.numel())
+    return {f"async/token_age_{a}": (ages == a).sum().item() / n for a in range(max_staleness + 1)}
+
 # %% ../nbs/01fs_async.ipynb #29afdb90
 class SampledAhead:
     "The asynchronous batch source: batches the producer sampled ahead, at most `max_staleness` versions old."
@@ -192,8 +238,10 @@ class SampledAhead:
     def next(self, t):
         "-> (data, reward metrics, the source's metrics) of step `global_step + 1`, as the producer sampled and scored it."
         t0 = time.perf_counter(); got = self.producer.take(t.global_step + 1); waited = time.perf_counter() - t0
-        return got["data"], got["reward_metrics"], {"time/rollout": waited, "time/reward": 0.0,
-                                                    **staleness_metrics(t.global_step + 1, [got["version"]], self.producer)}
+        m = {"time/rollout": waited, "time/reward": 0.0, **staleness_metrics(t.global_step + 1, [got["version"]], self.producer)}
+        if "token_versions" in got:                                      # partial rollouts: each token's own version
+            m.update(token_age_metrics(t.global_step + 1, got["token_versions"], got["data"]["response_mask"], self.producer.s))
+        return got["data"], got["reward_metrics"], m
 
     def publish(self, t):
         "After the update: the producer gets a copy of the weights as version `global_step + 1` -> {'time/sync': seconds}."
@@ -221,6 +269,81 @@ def start_producer(trainer):
     first = trainer.global_step + 1 + len(ready)
     if placement.remote: return placement.async_producer(trainer, first, ready)
     return colocated_producer(trainer, first, ready)
+
+# %% ../nbs/01fs_async.ipynb #dabec150
+class PartialBatch:
+    "One batch decoded a chunk at a time: its prompts, each response's tokens so far, their log-probs and weight versions."
+    def __init__(self, step, prompts, params, extra=None):
+        self.step, self.prompts, self.params, self.extra = step, [list(p) for p in prompts], params, extra or {}
+        n = len(self.prompts)
+        self.tokens, self.logprobs, self.versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
+        self.stopped, self.chunks, self.hold = [False] * n, 0, 0
+
+    @property
+    def open(self): return [i for i, s in enumerate(self.stopped) if not s]
+    @property
+    def finished(self): return not self.open
+
+    def passed(self):
+        "Whether the next batch may start beside this one: half of its responses finished and its `hold` chunks decoded."
+        return 2 * len(self.open) <= len(self.prompts) and self.chunks >= self.hold
+
+# %% ../nbs/01fs_async.ipynb #b6f1b59b
+def chunk_seed(seed, chunk):
+    "The sampling seed of chunk `chunk` (0-based) of a batch seeded `seed` (None: unseeded)."
+    return None if seed is None else (seed + 104_729 * (chunk + 1)) % (2**31 - 1)
+
+def decode_chunk(engine, pb, chunk):
+    "Continue every unfinished response of `pb` by up to `chunk` tokens with the engine's current weights -> `pb`."
+    rows, p = pb.open, pb.params
+    n = min(chunk, p.max_tokens - len(pb.tokens[rows[0]]))             # open responses all have the same length
+    cp = SamplingParams(n, p.temperature, p.top_k, p.top_p, seed=chunk_seed(p.seed, pb.chunks))
+    outs = engine.generate([pb.prompts[i] + pb.tokens[i] for i in rows], cp)
+    for i, c in zip(rows, outs):
+        if c.logprobs is None: raise RolloutEngineError(f"partial_rollout needs the sampler's log-probs; the {engine.name} engine returned none")
+        pb.tokens[i] += c.token_ids; pb.logprobs[i] += c.logprobs
+        pb.versions[i] += [engine.weight_version] * len(c.token_ids)
+        pb.stopped[i] = c.stop_reason == "stop" or len(pb.tokens[i]) >= p.max_tokens
+    pb.chunks += 1
+    return pb
+
+def partial_result(pb, eos_token_id, pad_token_id):
+    "A finished `PartialBatch` -> (its rollout batch with `rollout_log_probs`, `token_versions`[B,R], -1 on padding)."
+    comps = [Completion(t, lp, "stop" if t and t[-1] == eos_token_id else "length") for t, lp in zip(pb.tokens, pb.logprobs)]
+    out = completions_to_batch(pb.prompts, comps, eos_token_id, pad_token_id)
+    ver = torch.full(out["responses"].shape, -1, dtype=torch.long)
+    for i, v in enumerate(pb.versions):
+        if v: ver[i, :len(v)] = torch.tensor(v)
+    return out, ver
+
+# %% ../nbs/01fs_async.ipynb #de1c5c67
+class PartialRolloutProducer(RolloutProducer):
+    "A `RolloutProducer` whose batches decode a chunk at a time, the tail of one beside the head of the next."
+    def __init__(self, begin, advance, finish, load, max_staleness, hold=0, **kw):
+        if max_staleness < 1: raise ValueError(f"partial rollouts need max_staleness >= 1, got {max_staleness}")
+        super().__init__(None, load, max_staleness, **kw)
+        self.begin, self.advance, self.finish, self.hold = begin, advance, finish, hold
+
+def _run_partial(self):
+    try:
+        pool, j = [], self.next_step                                     # batches in flight, oldest first
+        while pool or self.last is None or j <= self.last:
+            if not pool or (len(pool) == 1 and pool[0].passed() and (self.last is None or j <= self.last)):
+                pool.append(self.begin(j)); j += 1
+                if len(pool) == 1: pool[0].hold, self.hold = self.hold, 0   # a resumed run's first batch
+            v = max(sampling_version(pool[-1].step, self.s), self.start_version)
+            w = self._next_weights(v)
+            if w is False: return
+            if w is not None: self.load(w, v); self.loaded_version = v
+            for pb in pool:
+                if not pb.finished: self.advance(pb)
+            while pool and pool[0].finished:
+                head = pool.pop(0)
+                batch = self.finish(head, pool[0].chunks if pool else 0)
+                with self.cond: self.ready[head.step] = batch; self.next_step = head.step + 1; self.cond.notify_all()
+    except BaseException as e:
+        with self.cond: self.error = e; self.cond.notify_all()
+PartialRolloutProducer._run = _run_partial
 
 # %% ../nbs/01fs_async.ipynb #ffbfeff3
 ROLLOUT_HOST_ROLE = Role.ActorRollout       # what a Rollout worker builds: an actor worker whose optimiser never steps
