@@ -7,7 +7,7 @@ Small by default (a shared CPU); the 0.5B shape at the trainer's size:
     python bench/chunked_head.py --hidden 896 --tokens 8192 --chunk 1024 --reps 3
 Writes bench/results_chunked_head.{json,md}."""
 from __future__ import annotations
-import argparse, json, subprocess, sys, time
+import argparse, json, shlex, subprocess, sys, time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -66,7 +66,18 @@ def report(res):
     for r in res["rows"]:
         lines.append(f"| {r['vocab']} | {r['plain_peak_mb']:.0f} | {r['chunked_peak_mb']:.0f} | {r['peak_ratio']:.2f} | "
                      f"{r['plain_s']:.3f} | {r['chunked_s']:.3f} | {r['time_ratio']:.2f} | {r['lp_sum_diff']:.2e} |")
+    if res.get("command"): lines += ["", f"Command: `{res['command']}`"]
+    if res.get("note"): lines += ["", res["note"]]
     return "\n".join(lines) + "\n"
+
+
+def _fit_note(rows, a):
+    "How much memory the plain path needs per token (measured here) and what the trainer's full size would need."
+    v = max(rows, key=lambda r: r["vocab"])
+    per_tok = v["plain_peak_mb"] / a.tokens
+    return (f"The plain path's peak grows as {per_tok:.3f} MB per token at vocab {v['vocab']} "
+            f"({per_tok * 2**20 / (4 * v['vocab']):.1f} float32 [T, V] tensors alive at once): "
+            f"{per_tok * 8192 / 1024:.1f} GB at 8192 tokens.")
 
 
 def main(argv=None):
@@ -90,7 +101,9 @@ def main(argv=None):
                      "peak_ratio": ch["peak_mb"] / max(pl["peak_mb"], 1e-9), "plain_s": pl["seconds"],
                      "chunked_s": ch["seconds"], "time_ratio": ch["seconds"] / pl["seconds"],
                      "lp_sum_diff": abs(pl["lp_sum"] - ch["lp_sum"])})
-    res = {"args": {k: v for k, v in vars(a).items() if not k.startswith("_") and k != "out"}, "rows": rows}
+    res = {"args": {k: v for k, v in vars(a).items() if not k.startswith("_") and k != "out"}, "rows": rows,
+           "command": "python bench/chunked_head.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+           "note": _fit_note(rows, a)}
     Path(a.out + ".json").write_text(json.dumps(res, indent=1) + "\n")
     Path(a.out + ".md").write_text(report(res))
     print(report(res))
