@@ -141,11 +141,18 @@ def note_rank_pids(output_dir, ranks, main=True):
         if held and held.get("pid") == os.getpid(): write_json_atomic(lock, {**held, "ranks": ranks})
     return [pid if host == socket.gethostname() else None for pid, host in ranks]
 
+def _machine_of(rank, environ=None):
+    "'machine_rank M, ' for global `rank` of a launch over several machines (torchrun's GROUP_WORLD_SIZE > 1), else ''."
+    env = os.environ if environ is None else environ
+    if int(env.get("GROUP_WORLD_SIZE", "1") or 1) < 2: return ""
+    return f"machine_rank {rank // max(1, int(env.get('LOCAL_WORLD_SIZE', '1') or 1))}, "   # static rendezvous: node-major ranks
+
 def rank_lost(exc, pids):
     "A RankLost naming the dead rank(s) if `exc` is a collective that failed for a lost peer (`pids`: one per rank), else None."
     text = f"{type(exc).__name__} {exc}".lower()
     if exc is None or not isinstance(exc, RuntimeError) or not any(w in text for w in _PEER_LOST): return None
-    gone = lambda: [f"rank {r} (PID {p})" for r, p in enumerate(pids) if p is not None and p != os.getpid() and not _running(p)]
+    gone = lambda: [f"rank {r} ({_machine_of(r)}PID {p})" for r, p in enumerate(pids)
+                    if p is not None and p != os.getpid() and not _running(p)]
     dead, t0, local = gone(), time.monotonic(), any(p not in (None, os.getpid()) for p in pids)
     timed_out = "timed out" in text or "timeout" in text                 # words, not 'time' (RuntimeError has it)
     while not dead and local and not timed_out and time.monotonic() - t0 < 2:   # a killed peer's sockets close before it is a zombie

@@ -9,22 +9,23 @@ import os
 # The setting must be in place before torch loads its OpenMP runtime, i.e. before the first `import torch`: the
 # console script imports this module first, so it is set here (only if the user has not chosen a value).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import sys, argparse, contextlib, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
+import sys, argparse, contextlib, shlex, difflib, importlib, dataclasses, functools, json, logging, signal, subprocess, tempfile, textwrap, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 import yaml
 from .config import ConfigError, DataArgs, find_config, import_object, option, packaged_configs, parse_config, read_yaml_config
+from .options import LaunchArgs
 from .files import DiskFull, distributed_world, full_disk_errno, check_output_dir, clear_run_files
 from .tracking import log_progress
 
 # %% auto #0
 __all__ = ['ACCELERATE_CONFIGS', 'LAUNCH_FLAGS', 'SUBCOMMANDS', 'EXPECTED_ERROR_NAMES', 'ALGORITHMS', 'STAGE_INPUTS',
            'GRPO_HIDDEN', 'GLOSSARY', 'accelerate_config_text', 'write_accelerate_configs', 'check_accelerate_config',
-           'launch_command', 'launch_env', 'register_subcommand', 'disk_full_error', 'main', 'LaunchArgs',
-           'register_algorithm', 'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs',
-           'parse_train_args', 'train_main', 'asks_latest', 'glossary', 'relaunch', 'launch_status', 'run_launcher',
-           'sft_main', 'rm_main', 'eval_main', 'plot_main', 'demo_main', 'config_main', 'health_main']
+           'launch_command', 'launch_env', 'register_subcommand', 'disk_full_error', 'main', 'register_algorithm',
+           'final_model_folder', 'push_run', 'stage_hint', 'check_stage_inputs', 'parse_train_args', 'train_main',
+           'asks_latest', 'glossary', 'relaunch', 'launch_status', 'run_launcher', 'sft_main', 'rm_main', 'eval_main',
+           'plot_main', 'demo_main', 'config_main', 'health_main']
 
 # %% ../nbs/04c_launch.ipynb #82a0b759
 def _lazy(module):
@@ -285,20 +286,6 @@ def _end_distributed():
     "Destroy the process group if torch.distributed is loaded (a command that never imported torch has none)."
     if "rlhf_nb.dist" in sys.modules: _lazy("dist").end_distributed()
 
-# %% ../nbs/04c_launch.ipynb #b36a3574
-@dataclass
-class LaunchArgs:
-    "Options of the launch layer, shared by the training subcommands."
-    accelerate_config: Optional[str] = option(None, "Run under `accelerate launch` with this config: a YAML file or a built-in name (cpu_2proc, single_gpu, multi_gpu, fsdp, deepspeed_zero2, deepspeed_zero3, multi_node).")
-    num_processes: Optional[int] = option(None, "With --accelerate_config: override its total number of processes.")
-    num_machines: Optional[int] = option(None, "With --accelerate_config: override its number of machines.")
-    machine_rank: Optional[int] = option(None, "With --accelerate_config (multi-node): this machine's rank, 0 on the main node.")
-    main_process_ip: Optional[str] = option(None, "With --accelerate_config (multi-node): address of the machine with machine_rank 0.")
-    main_process_port: Optional[int] = option(None, "With --accelerate_config: port of the main process (0 = a free one).")
-    push_to_hub: bool = option(False, "After training, upload the final model with a model card (config, final metrics) to the Hub.")
-    hub_model_id: Optional[str] = option(None, "Hub repository for --push_to_hub: 'user/name' or 'name' (default: the output_dir's name).")
-    hub_private_repo: bool = option(False, "Create the --push_to_hub repository as private.")
-
 # %% ../nbs/04c_launch.ipynb #ebb61d34
 ALGORITHMS = {}
 
@@ -434,8 +421,10 @@ register_algorithm("distill", "rlhf_nb.rl_config:DistillConfig", "rlhf_nb.distil
 
 # %% ../nbs/04c_launch.ipynb #8e392f47
 def _launch_flags(argv):
-    "`argv` without --accelerate_config and LAUNCH_FLAGS: -> (argv, config, {flag: value}), integers checked."
+    "`argv` without --accelerate_config, --dry_run and LAUNCH_FLAGS: -> (argv, config, {flag: value}), integers checked."
     inner, config = _pop_option(argv, "accelerate_config")
+    inner = [a for i, a in enumerate(inner) if not (a == "--dry_run" or a.startswith("--dry_run=") or   # the launcher's own
+             (i and inner[i - 1] == "--dry_run" and a.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0")))]
     flags = {}
     for k in LAUNCH_FLAGS:
         inner, v = _pop_option(inner, k)
@@ -457,11 +446,12 @@ def relaunch(name, argv, dry_run=False):
     if name not in ALGORITHMS and name != "trl":
         raise ConfigError(f"--accelerate_config applies to the training subcommands ({', '.join(ALGORITHMS)}, trl), not {name!r}")
     inner, config, flags = _launch_flags(argv)
-    if name != "trl": parse_train_args(name, argv)                           # every option checked before any process starts
-    path, settings = check_accelerate_config(config)
+    shown = parse_train_args(name, argv)[2].dry_run if name != "trl" else any(a.startswith("--dry_run") for a in argv)
+    path, settings = check_accelerate_config(config, True if dry_run or shown else None)   # printed: it runs elsewhere
     if name == "trl": _check_trl(inner, flags["num_processes"] or int(settings.get("num_processes", 1) or 1))
     cmd = launch_command(path, [name, *inner], **flags)
     if dry_run: return cmd
+    if shown: print(shlex.join(cmd)); return 0
     print(f"rlhf-nb: {' '.join(cmd)}", file=sys.stderr)
     return run_launcher(cmd, launch_env(settings), name)
 

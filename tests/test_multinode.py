@@ -1,0 +1,138 @@
+"""Two accelerate "machines" on one host: `accelerate launch --num_machines 2 --machine_rank 0|1 --main_process_ip
+127.0.0.1 --main_process_port P`, one launcher per machine, each starting one process, train exactly like
+`--num_processes 2` on one machine (the same 3 GRPO steps, every metric within 1e-5), with DDP and with FSDP2.
+
+- the rank of machine 1 killed in the middle of a step: machine 0's rank stops at once with one line naming the dead
+  rank and its machine_rank, its launcher exits 2, and `--resume_from_checkpoint latest` (two machines again)
+  reproduces the uninterrupted run's metrics;
+- the SLURM example (examples/slurm/grpo_2nodes.sbatch) prints, with `--dry_run`, the command every node would run:
+  machine_rank from $SLURM_NODEID, main_process_ip the first host of $SLURM_JOB_NODELIST (no SLURM needed: a stand-in
+  `scontrol` expands the node list, a stand-in `srun` shows how the job starts its tasks).
+
+The runs are those of tests/test_faults_dist.py's tooling (tests/_resume_worker.py, dense reward, tiny model); the
+four runs that are compared start together, since each spends most of its time importing. Ports come from the OS."""
+import json, os, shlex, signal, socket, subprocess, sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_fsdp import ENV, ROOT, WORKER, metrics
+from test_faults_dist import BOUND, HANG, LOCK, PLACEMENTS, RESUME, as_cli, ended, start, until_exists
+
+ARGS = ["grpo", "--per_device_train_batch_size", 2, "--num_generations", 2, "--max_completion_length", 4,
+        "--arith_train_size", 16, "--eval_steps", 0, "--max_steps", 3, "--save_steps", 2, "--disable_tqdm", "true",
+        "--seed", 0]
+SBATCH = ROOT / "examples/slurm/grpo_2nodes.sbatch"
+TOL = 1e-5
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU two-process layout")
+
+
+def free_port():
+    "A port the OS says is free now (machine 1 must know it before machine 0 listens on it, so 0 will not do)."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+def machine(placement, out, rank=None, port=None, *extra, worker_opts=()):
+    "The `accelerate launch` argv of machine `rank` of two (None: both processes on one machine)."
+    config, opts = PLACEMENTS[placement]
+    where = ["--num_processes", 2] + ([] if rank is None else ["--num_machines", 2, "--machine_rank", rank,
+                                                               "--main_process_ip", "127.0.0.1", "--main_process_port", port])
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), *map(str, where),
+            str(WORKER), *map(str, worker_opts), "--", *map(str, ARGS), *opts, "--output_dir", str(out), *map(str, extra)]
+
+
+def two_machines(placement, out, *extra, worker_opts=(), cli=False):
+    "Start machines 0 and 1 (each its own launcher, output to out.m0.log / out.m1.log) -> [(process, log)]."
+    port, started = free_port(), []
+    for rank in (0, 1):
+        cmd = machine(placement, out, rank, port, *extra, worker_opts=worker_opts)
+        log = Path(f"{out}.m{rank}.log")
+        started.append((start(as_cli(cmd) if cli else cmd, log), log))
+    return started
+
+
+def finish(procs):
+    "Wait for every process (bounded); each must end with status 0."
+    for p, log in procs:
+        try: p.wait(timeout=HANG)
+        except subprocess.TimeoutExpired: p.kill(); p.wait()
+        assert p.returncode == 0, (log.name, p.returncode, log.read_text(errors="replace")[-3000:])
+
+
+def close(a, b):
+    "Rows of metrics.jsonl equal key by key within TOL (relative for large values)."
+    assert len(a) == len(b) == 3 and [r.keys() for r in a] == [r.keys() for r in b], (a, b)
+    bad = [(x["step"], k, v, y[k]) for x, y in zip(a, b) for k, v in x.items() if abs(v - y[k]) > TOL * max(1.0, abs(v))]
+    assert not bad, bad
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    "Uninterrupted runs, DDP and FSDP2: one machine of two processes (`one`), two machines of one (`two`)."
+    d = tmp_path_factory.mktemp("multinode")
+    procs = []
+    for p in PLACEMENTS:
+        procs.append((start(machine(p, d / f"{p}_one"), d / f"{p}_one.log"), d / f"{p}_one.log"))
+        procs += two_machines(p, d / f"{p}_two")
+    finish(procs)
+    return d
+
+
+@pytest.mark.parametrize("placement", list(PLACEMENTS))
+def test_two_machines_train_like_two_processes_on_one(placement, runs):
+    one, two = metrics(runs / f"{placement}_one"), metrics(runs / f"{placement}_two")
+    close(two, one)
+    assert len({r["score/mean"] for r in one}) > 1 and all(r["actor/grad_norm"] > 0 for r in one)   # not all zeros
+    s = json.loads((runs / f"{placement}_two/summary.json").read_text())
+    assert s["world_size"] == 2 and s["ranks_identical"], s
+    m0 = (runs / f"{placement}_two.m0.log").read_text(errors="replace")
+    assert "Traceback" not in m0, m0[-3000:]
+
+
+def parent(pid): return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_machine_1_rank_killed_mid_step_names_it_and_resume_matches(runs, tmp_path):
+    out = tmp_path / "run"
+    (m0, log0), (m1, log1) = two_machines("ddp", out, worker_opts=("--step_sleep", 1), cli=True)
+    until_exists(out / "checkpoint-2/trainer_state.json", m0, log0)
+    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
+    assert (parent(pid0), parent(pid1)) == (m0.pid, m1.pid)            # one rank per machine, each its own launcher's child
+    os.kill(pid1, signal.SIGKILL)
+    err0, seconds = ended(m0, log0)
+    err1, _ = ended(m1, log1)
+    line = (f"[rank 0] rlhf-nb grpo: error: rank 1 (machine_rank 1, PID {pid1}) died; this rank (PID {pid0}) "
+            f"stopped too: {RESUME}")
+    assert m0.returncode == 2 and seconds < BOUND, (m0.returncode, seconds, err0[-3000:])
+    assert ours_grpo(err0) == [line] and err0.strip().splitlines()[-1] == line, err0[-3000:]
+    assert m1.returncode == 128 + signal.SIGKILL, (m1.returncode, err1[-3000:])      # machine 1's launcher: its rank's signal
+    assert f"rank 1 (PID {pid1}) was killed by SIGKILL" in err1, err1[-3000:]
+    resumed = two_machines("ddp", out, "--resume_from_checkpoint", "latest")
+    finish(resumed)
+    assert metrics(out) == metrics(runs / "ddp_two")
+
+
+def ours_grpo(err): return [l for l in err.splitlines() if "rlhf-nb grpo:" in l]
+
+
+def test_slurm_example_dry_run_prints_every_nodes_command(tmp_path):
+    from rlhf_nb.launch import check_accelerate_config, launch_command
+    bin_ = tmp_path / "bin"; bin_.mkdir()
+    (bin_ / "scontrol").write_text('#!/bin/sh\n[ "$1 $2 $3" = "show hostnames gpu[07-08]" ] && printf "gpu07\\ngpu08\\n"\n')
+    (bin_ / "srun").write_text('#!/bin/sh\necho "srun $*" | head -c 60\n')
+    for f in bin_.iterdir(): f.chmod(0o755)
+    (tmp_path / "run.yaml").write_text("max_steps: 3\n")
+    env = {**ENV, "PATH": os.pathsep.join([str(bin_), str(Path(sys.executable).parent), ENV.get("PATH", "")]),
+           "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2", "CONFIG": "run.yaml"}
+    r = subprocess.run(["bash", str(SBATCH), "--dry_run", "--seed", "3"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=HANG)
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = check_accelerate_config("multi_node", cuda_available=True)[0]
+    want = [launch_command(path, ["grpo", "--config", "run.yaml", "--seed", "3"], num_processes=16, num_machines=2,
+                           machine_rank=rank, main_process_ip="gpu07", main_process_port=29500) for rank in (0, 1)]
+    got = [shlex.split(l) for l in r.stdout.strip().splitlines()]
+    assert [g[1:] for g in got] == [w[1:] for w in want], r.stdout     # the interpreter's path may be spelled otherwise
+    job = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert job.returncode == 0 and job.stdout.startswith("srun --nodes=2 --ntasks-per-node=1 bash -c "), job
