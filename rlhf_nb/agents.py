@@ -564,9 +564,9 @@ def check_agent_args(a):
 
 # %% ../nbs/01ft_agents.ipynb #c7fcce98
 def make_agent_loop(args, tokenizer):
-    "The `AgentLoop` of a run's options (`AgentArgs` fields), or None when they name no environment and no tools."
-    env, tools = getattr(args, "environment", None), getattr(args, "tools", None)
-    if env is None and not tools: return None
+    "The `AgentLoop` of a run's options (`AgentArgs` fields), its `agent_function`'s endpoint, or None (no tools)."
+    env, tools, agent_fn = getattr(args, "environment", None), getattr(args, "tools", None), getattr(args, "agent_function", None)
+    if env is None and not tools: return import_object("rlhf_nb.endpoint:endpoint_agent_loop", "agent_function")(args, tokenizer) if agent_fn else None
     factory = environment_factory(env) if env else None
     return AgentLoop(tokenizer, [import_object(t, "tool") for t in tools or []], factory, args.tool_call_parser,
                      args.max_tool_calling_iterations, args.max_tool_response_length, args.tool_timeout,

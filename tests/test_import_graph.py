@@ -86,7 +86,7 @@ LAYERS = {
     "data": 2, "arith": 2, "prep": 2, "dataset": 2, "models": 2, "packing": 2,                # rows, datasets, tokenizers and models
     "files": 3, "tracking": 3, "checkpoints": 3, "dist": 3, "engine": 3,        # the run folder every trainer shares
     "equivalence": 4, "rewards": 4, "reward_model": 4, "sft": 4, "evaluate": 4,                # rewards and the supervised warm start
-    "speed": 5, "sharding": 5, "workers": 5, "placement": 5, "rollout": 5, "rollout_corr": 5, "routing_replay": 5, "rollout_server": 5, "async_rl": 5, "agents": 5, "environments": 5, "nodes": 5,        # roles, samplers and where they run
+    "speed": 5, "sharding": 5, "workers": 5, "placement": 5, "rollout": 5, "rollout_corr": 5, "routing_replay": 5, "rollout_server": 5, "async_rl": 5, "agents": 5, "environments": 5, "endpoint": 5, "nodes": 5,        # roles, samplers and where they run
     "rl_config": 6, "ppo": 6, "fast": 6, "algos": 6, "distill": 6,                            # the RL trainer and its speed paths
     "dpo": 7, "trl_pipelines": 7,                                               # preference training, TRL's trainers
     "demo": 8, "health": 8, "launch": 8, "golden": 8, "widgets": 8, "tinker_api": 8, "serve_guard": 8, "tinker_serve": 8,   # entry points and tools
