@@ -109,10 +109,11 @@ class RolloutArgs:
     vllm_importance_sampling_mode: Optional[str] = option(None, "TRL's name for importance_sampling_mode.")
     vllm_importance_sampling_cap: Optional[float] = option(None, "TRL's name for importance_sampling_cap.")
     keep_sampling_mask: bool = option(False, "With top_k/top_p: sampler and trainer log-probs both over the sampler's kept set (DeepSeek-V3.2's Keep Sampling Mask); plain trainer, hf engine (rlhf_nb.rollout_corr).")
+    enable_routing_replay: bool = option(False, "Mixture-of-experts policies: the sampler's router choices per token replayed in the trainer's forwards (verl's R3); plain trainer, hf engine (rlhf_nb.routing_replay).")
 
     def __post_init__(self):
         getattr(super(), "__post_init__", lambda: None)()
-        run_check(self, "rlhf_nb.rollout_corr:check_rollout_corr_args")       # rollout's check, then the corrections'
+        run_check(self, "rlhf_nb.routing_replay:check_routing_replay_args")   # rollout's, the corrections', routing replay's
 
 # %% ../nbs/00b_options.ipynb #a2309344
 ASYNC_PLACEMENTS = ("colocate", "ray")
@@ -129,7 +130,7 @@ class AsyncArgs:
     partial_rollout: bool = option(False, "Partial rollouts (verl's name): decode in chunks of partial_rollout_chunk tokens; "
                                    "the next batch starts once half of this one has finished, and the unfinished responses "
                                    "continue under the newer weights it needs, each token keeping its version and log-prob. "
-                                   "Needs max_staleness >= 1 and placement colocate.")
+                                   "Needs max_staleness >= 1; placement colocate, or ray with one trainer rank.")
     partial_rollout_chunk: int = option(8, "Tokens decoded between weight-version checks when partial_rollout is on.")
 
     def __post_init__(self):
