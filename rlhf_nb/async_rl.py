@@ -18,9 +18,10 @@ from .workers import Role
 # %% auto #0
 __all__ = ['IN_FLIGHT_FILE', 'ROLLOUT_HOST_ROLE', 'sampling_version', 'RolloutProducer', 'check_partial_rollout',
            'check_async_args', 'sampler_copy', 'published_weights', 'batch_params', 'needs_sampler_logprobs',
-           'check_batch_logprobs', 'colocated_producer', 'staleness_metrics', 'token_age_metrics', 'SampledAhead',
-           'in_flight_state', 'start_producer', 'PartialBatch', 'chunk_seed', 'decode_chunk', 'partial_result',
-           'PartialRolloutProducer', 'policy_state', 'load_on_host', 'sample_on_host', 'shard_batches']
+           'check_batch_logprobs', 'colocated_producer', 'staleness_metrics', 'token_age_metrics', 'ahead_metrics',
+           'SampledAhead', 'in_flight_state', 'start_producer', 'PartialBatch', 'chunk_seed', 'decode_chunk',
+           'partial_result', 'PartialRolloutProducer', 'policy_state', 'load_on_host', 'sample_on_host',
+           'shard_batches', 'decode_on_host', 'ray_partial_producer']
 
 # %% ../nbs/01fs_async.ipynb #29738a56
 def sampling_version(step, max_staleness):
@@ -110,7 +111,7 @@ RolloutProducer.publish, RolloutProducer.publish_timed, RolloutProducer._wait_fo
 RolloutProducer.in_flight, RolloutProducer.stop = _in_flight, _stop
 
 # %% ../nbs/01fs_async.ipynb #fecb5eb8
-def check_partial_rollout(a):
+def check_partial_rollout(a, world=1):
     "Refuse `partial_rollout` where it cannot run (ConfigError: one line naming the option and what can)."
     if not getattr(a, "partial_rollout", False): return
     if not a.max_staleness:
@@ -118,8 +119,9 @@ def check_partial_rollout(a):
                           "which a synchronous run does not have), got max_staleness 0")
     if not isinstance(a.partial_rollout_chunk, int) or a.partial_rollout_chunk < 1:
         raise ConfigError(f"partial_rollout_chunk must be an integer >= 1, got {a.partial_rollout_chunk!r}")
-    if getattr(a, "placement", "colocate") != "colocate":
-        raise ConfigError(f"partial_rollout runs with placement colocate (a sampler thread), not {a.placement!r}")
+    if getattr(a, "placement", "colocate") not in ASYNC_PLACEMENTS:
+        raise ConfigError(f"partial_rollout runs with placement colocate or ray, not {a.placement!r}")
+    if world > 1: raise ConfigError(f"partial_rollout runs one trainer rank (its Rollout pool one worker), not {world}")
     if getattr(a, "environment", None) or getattr(a, "tools", None):
         raise ConfigError("partial_rollout decodes single-turn responses; tool use (environment, tools) samples whole episodes")
 
@@ -131,7 +133,7 @@ def check_async_args(a, world=1):
     if a.off_policy_objective is None: a.off_policy_objective = "bypass" if a.max_staleness else "decoupled"
     if a.off_policy_objective not in OFF_POLICY_OBJECTIVES:
         raise ConfigError(f"off_policy_objective must be one of {', '.join(OFF_POLICY_OBJECTIVES)}, not {a.off_policy_objective!r}")
-    check_partial_rollout(a)
+    check_partial_rollout(a, world)
     if not a.max_staleness: return
     placement = getattr(a, "placement", "colocate")
     if placement not in ASYNC_PLACEMENTS:
@@ -230,6 +232,14 @@ def token_age_metrics(step, token_versions, mask, max_staleness):
     n = max(1, ages.numel())
     return {f"async/token_age_{a}": (ages == a).sum().item() / n for a in range(max_staleness + 1)}
 
+def ahead_metrics(step, got, ranks, producer):
+    "The metrics of a batch `got` the producer sampled ahead for `step` (`ranks` shards): staleness, waits, token ages."
+    m = staleness_metrics(step, [got["version"]] * ranks, producer)
+    if "token_versions" in got:                                          # partial rollouts: each token's own version
+        data = got["data"][0] if isinstance(got["data"], list) else got["data"]
+        m.update(token_age_metrics(step, got["token_versions"], data["response_mask"], producer.s))
+    return m
+
 # %% ../nbs/01fs_async.ipynb #29afdb90
 class SampledAhead:
     "The asynchronous batch source: batches the producer sampled ahead, at most `max_staleness` versions old."
@@ -238,10 +248,8 @@ class SampledAhead:
     def next(self, t):
         "-> (data, reward metrics, the source's metrics) of step `global_step + 1`, as the producer sampled and scored it."
         t0 = time.perf_counter(); got = self.producer.take(t.global_step + 1); waited = time.perf_counter() - t0
-        m = {"time/rollout": waited, "time/reward": 0.0, **staleness_metrics(t.global_step + 1, [got["version"]], self.producer)}
-        if "token_versions" in got:                                      # partial rollouts: each token's own version
-            m.update(token_age_metrics(t.global_step + 1, got["token_versions"], got["data"]["response_mask"], self.producer.s))
-        return got["data"], got["reward_metrics"], m
+        return got["data"], got["reward_metrics"], {"time/rollout": waited, "time/reward": 0.0,
+                                                    **ahead_metrics(t.global_step + 1, got, 1, self.producer)}
 
     def publish(self, t):
         "After the update: the producer gets a copy of the weights as version `global_step + 1` -> {'time/sync': seconds}."
@@ -376,3 +384,34 @@ def shard_batches(t, world):
         out.append(type(t).next_batch(view))
     t.sampler_state = view.sampler_state
     return out, dict(view.sampler_state)
+
+# %% ../nbs/01fs_async.ipynb #de9c77a4
+def decode_on_host(t, pb, chunk):
+    "On a Rollout worker: `decode_chunk` of `pb` with this worker's copy of the policy, at the version it last loaded."
+    actor = t.workers[ROLLOUT_HOST_ROLE]
+    engine = HFEngine(actor.policy, t.tokenizer.eos_token_id, t.tokenizer.pad_token_id, shared=True, autocast=actor.accelerator.autocast)
+    engine.weight_version = getattr(t, "rollout_version", 0)
+    return decode_chunk(engine, pb, chunk)
+
+def ray_partial_producer(pl, t, first, ready):
+    "The producer of placement `pl` (Ray) with `partial_rollout`: chunks decoded on the Rollout pool, batches scored by `pl`."
+    cfg, tok = t.config, t.tokenizer
+    def begin(j):
+        (batch,), state = shard_batches(t, 1)
+        return PartialBatch(j, prompt_lists(batch["input_ids"], batch["attention_mask"]), batch_params(cfg, j),
+                            {"batch": batch, "sampler_state": state})
+    def advance(pb):
+        extra, pb.extra = pb.extra, {}                                   # the prompts' tensors stay in the driver
+        pb.__dict__.update(pl.gather(pl.submit(Role.Rollout, decode_on_host, [(pb, cfg.partial_rollout_chunk)]))[0][0].__dict__)
+        pb.extra = extra
+    def finish(pb, overlap):
+        out, ver = partial_result(pb, tok.eos_token_id, tok.pad_token_id)
+        keep = {k: v for k, v in pb.extra["batch"].items() if k not in ("input_ids", "attention_mask", "position_ids")}
+        shards, rms = pl.scores(t, [{**keep, **out}])
+        return {"data": shards, "reward_metrics": rms, "version": int(ver[ver >= 0].min()), "token_versions": ver,
+                "overlap": overlap, "sampler_state": pb.extra["sampler_state"]}
+    def load(ref, version): pl.gather(pl.submit(Role.Rollout, load_on_host, [(ref, version)]))
+    p = PartialRolloutProducer(begin, advance, finish, load, cfg.max_staleness, hold=ready[max(ready)].get("overlap", 0) if ready else 0,
+                               first=first, last=cfg.max_steps, loaded_version=-1, ready=ready, start_version=t.global_step)
+    p.publish(t.global_step, pl.group_of(Role.ActorRollout).actors[0].run.remote(policy_state))   # the weights it starts from
+    return p.start()

@@ -14,7 +14,7 @@ from .dist import merge_rank_metrics
 from .workers import Role
 from .sharding import FSDP_ROLE_WORKERS
 from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load_on_host, policy_state, sample_on_host,
-                              shard_batches, staleness_metrics)
+                              shard_batches, ahead_metrics, ray_partial_producer)
 
 # %% auto #0
 __all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping', 'pool_spec',
@@ -477,7 +477,7 @@ def _step(self, t):
     per_rank = [t.step_metrics(d, s, u, {**rm, **fm}) for d, s, u, rm, fm in zip(shards, scores, stats, rms, fms)]
     m = merge_rank_metrics(per_rank) if len(per_rank) > 1 else per_rank[0]
     m.update({"time/rollout": t1 - t0, "time/reward": t2 - t1, "time/logprobs": t3 - t2, "time/update": t4 - t3, "time/step": t4 - t0,
-              **({"time/ray_overhead": (t4 - t0) - (self.busy - busy0)} if prod is None else staleness_metrics(t.global_step + 1, [got["version"]] * len(shards), prod))})
+              **({"time/ray_overhead": (t4 - t0) - (self.busy - busy0)} if prod is None else ahead_metrics(t.global_step + 1, got, len(shards), prod))})
     if "kl/mean" in m and cfg.adaptive_kl: t.kl_ctl.update(m["kl/mean"], cfg.episodes_per_step * self.world)
     return m
 RayPlacement.step = _step
@@ -486,6 +486,7 @@ RayPlacement.step = _step
 def _async_producer(self, t, first, ready):
     "The producer of an asynchronous run: sample on the Rollout pool (seeded per step), score in the driver or the reward pool."
     cfg, world = t.config, self.world
+    if getattr(cfg, "partial_rollout", False): return ray_partial_producer(self, t, first, ready)
     def sample(j, version):
         batches, state = shard_batches(t, world)
         params = batch_params(cfg, j)
