@@ -108,7 +108,7 @@ class RolloutArgs:
     vllm_importance_sampling_correction: Optional[bool] = option(None, "TRL's switch: false = importance_sampling_mode none.")
     vllm_importance_sampling_mode: Optional[str] = option(None, "TRL's name for importance_sampling_mode.")
     vllm_importance_sampling_cap: Optional[float] = option(None, "TRL's name for importance_sampling_cap.")
-    keep_sampling_mask: bool = option(False, "With top_k/top_p: sampler and trainer log-probs both over the sampler's kept set (DeepSeek-V3.2's Keep Sampling Mask); plain trainer, hf engine (rlhf_nb.rollout_corr).")
+    keep_sampling_mask: bool = option(False, "With top_k/top_p: sampler and trainer log-probs both over the sampler's kept set (DeepSeek-V3.2's Keep Sampling Mask); plain trainer, synchronous (rlhf_nb.rollout_corr).")
     enable_routing_replay: bool = option(False, "Mixture-of-experts policies: the sampler's router choices per token replayed in the trainer's forwards (verl's R3); plain trainer, hf engine (rlhf_nb.routing_replay).")
 
     def __post_init__(self):

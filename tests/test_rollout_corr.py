@@ -29,7 +29,7 @@ def test_keep_sampling_mask_closes_the_gap_with_top_p_and_top_k(capsys, monkeypa
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--keep_sampling_mask", "true", "--top_p", "0.8"], "keep_sampling_mask runs on the plain trainer's synchronous hf sampler: it needs fast_paths false"),
+    (["--keep_sampling_mask", "true", "--top_p", "0.8"], "keep_sampling_mask runs on the plain trainer with a synchronous sampler: it needs fast_paths false"),
     (["--importance_sampling_mode", "geometric", "--importance_sampling_cap", "1.0"], "importance_sampling_mode geometric_mask keeps rows with 1/cap <= rho_geo <= cap"),
 ])
 def test_refusals_name_the_option(capsys, monkeypatch, tmp_path, args, msg):
