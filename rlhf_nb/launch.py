@@ -456,15 +456,15 @@ def relaunch(name, argv, dry_run=False):
     return run_launcher(cmd, launch_env(settings), name)
 
 # %% ../nbs/04c_launch.ipynb #e093da75
-def launch_status(exc, name):
-    "The exit status of a launch that failed with `exc`, and a line to print when no rank said why (else None)."
+def launch_status(exc, name, machine=""):
+    "The exit status of a launch that failed with `exc`, and a line to print when no rank said why (else None); `machine`: 'machine_rank M, '."
     if isinstance(exc, subprocess.CalledProcessError): return exc.returncode, None        # one process
     rank, first = exc.get_first_failure()                                                 # ChildFailedError
     if first.exitcode > 0: return first.exitcode, None
     spoke = [f.exitcode for _, f in sorted(exc.failures.items()) if f.exitcode > 0]
     if spoke: return spoke[0], None
     sig = signal.Signals(-first.exitcode).name if -first.exitcode in signal.valid_signals() else str(-first.exitcode)
-    return 128 - first.exitcode, (f"rlhf-nb {name}: error: rank {rank} (PID {first.pid}) was killed by {sig}: "
+    return 128 - first.exitcode, (f"rlhf-nb {name}: error: rank {rank} ({machine}PID {first.pid}) was killed by {sig}: "
                                   "resume with --resume_from_checkpoint latest")
 
 def run_launcher(cmd, env, name):
@@ -477,7 +477,7 @@ def run_launcher(cmd, env, name):
     saved = dict(os.environ); os.environ.clear(); os.environ.update(env)
     try: accelerate_launch(args); return 0
     except (ChildFailedError, subprocess.CalledProcessError) as e:
-        status, line = launch_status(e, name)
+        status, line = launch_status(e, name, f"machine_rank {args.machine_rank}, " if (args.num_machines or 1) > 1 else "")
         if line: print(line, file=sys.stderr)
         return status
     except elastic_api.SignalException as e: return 128 + int(e.sigval)                   # the ranks got it too

@@ -10,7 +10,8 @@
   `scontrol` expands the node list, a stand-in `srun` shows how the job starts its tasks).
 
 The runs are those of tests/test_faults_dist.py's tooling (tests/_resume_worker.py, dense reward, tiny model); the
-four runs that are compared start together, since each spends most of its time importing. Ports come from the OS."""
+five first runs (four compared, one killed) start together, since each spends most of its time importing. Ports
+come from the OS."""
 import json, os, shlex, signal, socket, subprocess, sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from test_fsdp import ENV, ROOT, WORKER, metrics
-from test_faults_dist import BOUND, HANG, LOCK, PLACEMENTS, RESUME, as_cli, ended, start, until_exists
+from test_faults_dist import BOUND, HANG, LOCK, PLACEMENTS, RESUME, as_cli, ended, running, start, until_exists
 
 ARGS = ["grpo", "--per_device_train_batch_size", 2, "--num_generations", 2, "--max_completion_length", 4,
         "--arith_train_size", 16, "--eval_steps", 0, "--max_steps", 3, "--save_steps", 2, "--disable_tqdm", "true",
@@ -68,20 +69,39 @@ def close(a, b):
     assert not bad, bad
 
 
+def parent(pid): return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def kill_machine_1(out, procs):
+    "Wait for checkpoint-2 of the two-machine run `procs`, SIGKILL machine 1's rank, wait for both -> what happened."
+    (m0, log0), (m1, log1) = procs
+    until_exists(out / "checkpoint-2/trainer_state.json", m0, log0)
+    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
+    parents = (parent(pid0), parent(pid1))
+    os.kill(pid1, signal.SIGKILL)
+    (err0, seconds), (err1, _) = ended(m0, log0), ended(m1, log1)
+    return dict(out=out, pids=(pid0, pid1), parents=parents, launchers=(m0.pid, m1.pid), seconds=seconds,
+                status=(m0.returncode, m1.returncode), err=(err0, err1))
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    "Uninterrupted runs, DDP and FSDP2: one machine of two processes (`one`), two machines of one (`two`)."
+    """Started together: DDP and FSDP2 on one machine of two processes (`one`) and on two machines of one (`two`),
+    and a DDP run on two machines whose machine 1 loses its rank after checkpoint 2 (-> `killed`)."""
     d = tmp_path_factory.mktemp("multinode")
+    doomed = two_machines("ddp", d / "killed", worker_opts=("--step_sleep", 1), cli=True)   # a second after each step
     procs = []
     for p in PLACEMENTS:
         procs.append((start(machine(p, d / f"{p}_one"), d / f"{p}_one.log"), d / f"{p}_one.log"))
         procs += two_machines(p, d / f"{p}_two")
-    finish(procs)
-    return d
+    try: killed = kill_machine_1(d / "killed", doomed)
+    finally: finish(procs)
+    return d, killed
 
 
 @pytest.mark.parametrize("placement", list(PLACEMENTS))
 def test_two_machines_train_like_two_processes_on_one(placement, runs):
+    runs, _ = runs
     one, two = metrics(runs / f"{placement}_one"), metrics(runs / f"{placement}_two")
     close(two, one)
     assert len({r["score/mean"] for r in one}) > 1 and all(r["actor/grad_norm"] > 0 for r in one)   # not all zeros
@@ -91,27 +111,21 @@ def test_two_machines_train_like_two_processes_on_one(placement, runs):
     assert "Traceback" not in m0, m0[-3000:]
 
 
-def parent(pid): return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def test_machine_1_rank_killed_mid_step_names_it_and_resume_matches(runs, tmp_path):
-    out = tmp_path / "run"
-    (m0, log0), (m1, log1) = two_machines("ddp", out, worker_opts=("--step_sleep", 1), cli=True)
-    until_exists(out / "checkpoint-2/trainer_state.json", m0, log0)
-    (pid0, _), (pid1, _) = json.loads((out / LOCK).read_text())["ranks"]
-    assert (parent(pid0), parent(pid1)) == (m0.pid, m1.pid)            # one rank per machine, each its own launcher's child
-    os.kill(pid1, signal.SIGKILL)
-    err0, seconds = ended(m0, log0)
-    err1, _ = ended(m1, log1)
+def test_machine_1_rank_killed_mid_step_names_it_and_resume_matches(runs):
+    d, k = runs
+    (pid0, pid1), (err0, err1), (s0, s1) = k["pids"], k["err"], k["status"]
+    assert k["parents"] == k["launchers"]                               # one rank per machine, each its own launcher's child
     line = (f"[rank 0] rlhf-nb grpo: error: rank 1 (machine_rank 1, PID {pid1}) died; this rank (PID {pid0}) "
             f"stopped too: {RESUME}")
-    assert m0.returncode == 2 and seconds < BOUND, (m0.returncode, seconds, err0[-3000:])
+    assert s0 == 2 and k["seconds"] < BOUND, (s0, k["seconds"], err0[-3000:])
     assert ours_grpo(err0) == [line] and err0.strip().splitlines()[-1] == line, err0[-3000:]
-    assert m1.returncode == 128 + signal.SIGKILL, (m1.returncode, err1[-3000:])      # machine 1's launcher: its rank's signal
-    assert f"rank 1 (PID {pid1}) was killed by SIGKILL" in err1, err1[-3000:]
-    resumed = two_machines("ddp", out, "--resume_from_checkpoint", "latest")
-    finish(resumed)
-    assert metrics(out) == metrics(runs / "ddp_two")
+    assert s1 == 128 + signal.SIGKILL, (s1, err1[-3000:])               # machine 1's launcher: its rank's signal
+    assert f"rank 1 (machine_rank 1, PID {pid1}) was killed by SIGKILL" in err1, err1[-3000:]
+    assert not running(pid0) and not running(pid1)                      # no rank left behind on either machine
+    steps = [json.loads(l)["step"] for l in (k["out"] / "metrics.jsonl").read_text().splitlines()]
+    assert steps in ([1, 2], [1, 2, 3]), steps                          # whole rows up to the kill, which lands after row 2
+    finish(two_machines("ddp", k["out"], "--resume_from_checkpoint", "latest"))
+    assert metrics(k["out"]) == metrics(d / "ddp_two")
 
 
 def ours_grpo(err): return [l for l in err.splitlines() if "rlhf-nb grpo:" in l]
