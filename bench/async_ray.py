@@ -15,22 +15,70 @@ prompts at the start and the end.
 From the synchronous arm: T_gen = the trainer's wait for each batch (sampling, its weight load and the reward),
 T_train = the rest of the step; the ideal one-step-off time is max(T_gen, T_train), a ratio of
 max(T_gen, T_train) / (T_gen + T_train) to the synchronous time. Results: bench/results_async.json and .md.
+
+Partial rollouts, long-tailed lengths (results: bench/results_partial.json and .md):
+
+    python bench/async_ray.py --lognormal 1.0 --partial --steps 12 --seeds 0,1,2
+
+`--lognormal SIGMA` gives each response a length cap drawn from a lognormal (median `--len_median`, capped at
+`--max_len`), from the batch's seed and the row, so every arm decodes the same lengths. The policy is the untrained
+tiny model (it almost never ends a response on its own, so each response runs to its cap; the rewards are 0 and the
+accuracy is not measured); whole-batch arms decode to the longest cap of the batch and cut each row at its own, as a
+static batch does; a row cut at its cap ends with eos in place of its last token. `--partial` adds the arm max_staleness 1 + partial_rollout (chunks of `--chunk` tokens).
 """
 from __future__ import annotations
-import argparse, json, os, statistics, subprocess, sys, tempfile, time
+import argparse, dataclasses, json, os, random, statistics, subprocess, sys, tempfile, time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 2
 
 
-def arm(staleness, steps, seed, sft_dir, objective="decoupled"):
+def row_caps(seed, rows, median, sigma, max_len):
+    "Length caps of the `rows` responses of a batch seeded `seed`: lognormal(log median, sigma), within [1, max_len]."
+    return [max(1, min(max_len, round(random.Random(seed * 4099 + r).lognormvariate(__import__("math").log(median), sigma))))
+            for r in range(rows)]
+
+
+def lognormal_lengths(median, sigma, max_len):
+    "Make the Rollout workers' sampling cut each response at its lognormal cap (whole batches and chunks alike)."
+    from rlhf_nb import async_rl, placement
+    sample0, decode0 = placement.sample_on_host, async_rl.decode_on_host
+    def sample_capped(t, batch, params):                  # a static batch: decoded to its longest cap, each row cut at its own
+        from rlhf_nb.rollout import HFEngine, Completion, completions_to_batch, prompt_lists
+        actor = t.workers[async_rl.ROLLOUT_HOST_ROLE]
+        engine = HFEngine(actor.policy, t.tokenizer.eos_token_id, t.tokenizer.pad_token_id, shared=True)
+        engine.weight_version = getattr(t, "rollout_version", 0)
+        prompts = prompt_lists(batch["input_ids"], batch["attention_mask"])
+        caps = row_caps(params.seed, len(prompts), median, sigma, max_len)
+        comps = engine.generate(prompts, dataclasses.replace(params, max_tokens=max(caps)))
+        eos = engine.eos_token_id                         # a row cut at its cap ends with eos (in place of its last token)
+        comps = [c if len(c.token_ids) < k else Completion(c.token_ids[:k - 1] + [eos], c.logprobs[:k], "stop", c.weight_version)
+                 for c, k in zip(comps, caps)]
+        out = completions_to_batch(prompts, comps, engine.eos_token_id, engine.pad_token_id)
+        return {**{k: v for k, v in batch.items() if k not in ("input_ids", "attention_mask", "position_ids")}, **out}
+    def decode_capped(t, pb, chunk):                      # a chunk: rows past their cap are cut there and stop
+        caps = row_caps(pb.params.seed, len(pb.prompts), median, sigma, max_len)
+        pb = decode0(t, pb, chunk)
+        for i, k in enumerate(caps):
+            if len(pb.tokens[i]) >= k:
+                pb.tokens[i], pb.logprobs[i], pb.versions[i] = pb.tokens[i][:k - 1] + [t.tokenizer.eos_token_id], pb.logprobs[i][:k], pb.versions[i][:k]
+                pb.stopped[i] = True
+        return pb
+    placement.sample_on_host, async_rl.decode_on_host = sample_capped, decode_capped
+
+
+def arm(staleness, steps, seed, sft_dir, objective="decoupled", partial=False, chunk=8, lognormal=None, len_median=12, max_len=64):
     "One GRPO run on the Ray split with `max_staleness` = `staleness`: per-step timings and the held-out accuracy."
     from rlhf_nb.algos import GRPOConfig, rl_trainer_class
-    cfg = GRPOConfig(model_name_or_path=sft_dir, max_steps=steps, eval_steps=steps, seed=seed, learning_rate=2e-4, kl_coef=0.0,
+    if lognormal: lognormal_lengths(len_median, lognormal, max_len)
+    extra = dict(max_completion_length=max_len, eval_steps=0) if lognormal else dict(eval_steps=steps)
+    if partial: extra.update(partial_rollout=True, partial_rollout_chunk=chunk)
+    cfg = GRPOConfig(model_name_or_path="tiny" if lognormal else sft_dir, max_steps=steps, seed=seed, learning_rate=2e-4, kl_coef=0.0,
                      ref_strategy="none", max_staleness=staleness, off_policy_objective=objective if staleness else "decoupled", placement="ray",
                      resource_pools="trainer=1,sampler=1", role_pools="ActorRollout=trainer,Rollout=sampler", ray_num_cpus=2,
-                     output_dir=tempfile.mkdtemp(prefix=f"bench_async_{staleness}_"), disable_tqdm=True, save_final=False, report_to="none")
+                     output_dir=tempfile.mkdtemp(prefix=f"bench_async_{staleness}_"), disable_tqdm=True, save_final=False, report_to="none",
+                     **extra)
     trainer = rl_trainer_class(cfg)(cfg)
     try: hist = trainer.fit()
     finally: trainer.placement.shutdown()
@@ -38,15 +86,18 @@ def arm(staleness, steps, seed, sft_dir, objective="decoupled"):
     timed = rows[WARMUP:]
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     mean = lambda k: statistics.mean(r[k] for r in timed)
-    return {"max_staleness": staleness, "objective": objective if staleness else "-", "seed": seed, "steps": steps, "step_s": mean("time/step"), "trainer_wait_s": mean("time/trainer_wait"),
+    ages = {k: statistics.mean(r.get(k, 0.0) for r in rows[1:]) for k in ("async/token_age_0", "async/token_age_1")} if partial else {}
+    return {"max_staleness": staleness, "partial": partial, "objective": objective if staleness else "-", "seed": seed, "steps": steps,
+            "step_s": mean("time/step"), "response_len": statistics.mean(r["response/length"] for r in timed), **ages, "trainer_wait_s": mean("time/trainer_wait"),
             "sampler_wait_s": mean("time/sampler_wait"), "staleness_max": max(r["staleness/max"] for r in rows),
             "kl_prox_behav": statistics.mean(r.get("sampling/kl_prox_behav", 0.0) for r in rows),
-            "acc_start": evals[0][1], "acc_final": evals[-1][1], "seconds": hist[-1].get("time/elapsed")}
+            "acc_start": evals[0][1] if evals else None, "acc_final": evals[-1][1] if evals else None, "seconds": hist[-1].get("time/elapsed")}
 
 
 def run_arm(**kw):
     "One arm in a fresh process -> its result."
-    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1", "RAY_AUTH_MODE": "disabled",
+           "RAY_ADDRESS": "local"}                                 # a cluster of its own, not one already running here
     r = subprocess.run([sys.executable, __file__, "--arm", json.dumps(kw)], capture_output=True, text=True, env=env, timeout=3000)
     lines = [l for l in r.stdout.splitlines() if l.startswith("ARM ")]
     if r.returncode or not lines: raise RuntimeError(f"arm {kw} failed:\n{r.stderr[-3000:]}")
@@ -79,8 +130,14 @@ def main():
     ap.add_argument("--arm"); ap.add_argument("--steps", type=int, default=60); ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--objective", default="bypass", help="the max_staleness 1 arm's loss: bypass (the default of an asynchronous run) or decoupled (no correction with the hf engine)")
     ap.add_argument("--reuse_sync", help="a results json whose synchronous rows (same steps, seeds) are kept: run only the asynchronous arm")
+    ap.add_argument("--lognormal", type=float, help="SIGMA: lognormal response lengths (the untrained tiny policy), see above")
+    ap.add_argument("--len_median", type=int, default=12, help="median response length with --lognormal")
+    ap.add_argument("--max_len", type=int, default=64, help="longest response with --lognormal (max_completion_length)")
+    ap.add_argument("--partial", action="store_true", help="add the arm max_staleness 1 + partial_rollout")
+    ap.add_argument("--chunk", type=int, default=8, help="partial_rollout_chunk of the partial arm")
     a = ap.parse_args()
     if a.arm: print("ARM " + json.dumps(arm(**json.loads(a.arm))), flush=True); return
+    if a.partial or a.lognormal: return main_partial(a)
     from rlhf_nb.sft import sft_warm_start
     sft = str(sft_warm_start(str(HERE / "_work/sft_arith"), seed=0, progress=False))
     load0, t0 = os.getloadavg()[0], time.time()
@@ -103,6 +160,46 @@ def main():
           f"{summary['ideal_ratio']:.2f}x (a speed-up of {summary['ideal_speedup']:.2f}). Final held-out accuracy differs by "
           f"{summary.get('acc_diff_points', float('nan')):+.1f} points (one-step-off minus synchronous; target within 3)."]
     (HERE / "results_async.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+ARMS = (("synchronous", 0, False), ("one-step-off", 1, False), ("one-step-off + partial", 1, True))
+
+def main_partial(a):
+    "Synchronous, one-step-off and one-step-off + partial rollouts, same pools, same run; predicted beside measured."
+    sys.path.insert(0, str(HERE)); import async_sim
+    load0, t0, rows = os.getloadavg()[0], time.time(), []
+    for seed in a.seeds.split(","):
+        for name, s, partial in ARMS:
+            r = run_arm(staleness=s, steps=a.steps, seed=int(seed), sft_dir=None, objective=a.objective, partial=partial, chunk=a.chunk,
+                        lognormal=a.lognormal, len_median=a.len_median, max_len=a.max_len)
+            rows.append({"arm": name, **r}); print(json.dumps(rows[-1]), flush=True)
+    med = {name: statistics.median(r["step_s"] for r in rows if r["arm"] == name) for name, *_ in ARMS}
+    sync = [r for r in rows if r["arm"] == "synchronous"]
+    t_gen = statistics.median(r["trainer_wait_s"] for r in sync); t_train = med["synchronous"] - t_gen
+    preds = [async_sim.predict_partial(t_gen, t_train, [row_caps((int(seed) * 1_000_003 + j) % (2**31 - 1), 16 * 8, a.len_median,
+                                                                 a.lognormal, a.max_len) for j in range(1, a.steps + 1)], a.chunk)
+             for seed in a.seeds.split(",")]                              # the lengths each seed's batches had
+    pred = {k: {n: statistics.mean(p[k][n] for p in preds) for n, *_ in ARMS} for k in preds[0]}
+    summary = [{"arm": n, "step_s_median": med[n], "measured_ratio": med[n] / med["synchronous"],
+                **{f"predicted_s_{k}": pred[k][n] for k in pred}, **{f"predicted_ratio_{k}": pred[k][n] / pred[k]["synchronous"] for k in pred}}
+               for n, *_ in ARMS]
+    res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0],
+           "wall_s": time.time() - t0, "args": vars(a), "t_gen_s": t_gen, "t_train_s": t_train, "rows": rows, "summary": summary}
+    (HERE / "results_partial.json").write_text(json.dumps(res, indent=1))
+    md = [f"# Partial rollouts on the Ray split, lognormal lengths ({res['date']}, {res['cpus']} CPUs)", "",
+          f"`python bench/async_ray.py --lognormal {a.lognormal} --len_median {a.len_median} --max_len {a.max_len} --partial "
+          f"--chunk {a.chunk} --steps {a.steps} --seeds {a.seeds}`: {a.steps} steps per arm (the first {WARMUP} not timed), "
+          f"16 prompts x 8 completions, lengths lognormal (median {a.len_median}, sigma {a.lognormal}, cap {a.max_len}), the "
+          "untrained tiny policy; pools trainer=1, sampler=1 (one CPU each), every arm in the same run. "
+          f"Load average before / after: {load0:.2f} / {res['load_after']:.2f}; wall {res['wall_s']:.0f} s.", "",
+          table(rows, ["arm", "seed", "step_s", "trainer_wait_s", "sampler_wait_s", "staleness_max", "response_len",
+                       "async/token_age_0", "async/token_age_1"]), "",
+          "## Predicted (bench/async_sim.py `predict_partial`, from the synchronous arm's T_gen and T_train) and measured", "",
+          table(summary, ["arm", "step_s_median", "measured_ratio", "predicted_s_per_row", "predicted_ratio_per_row",
+                          "predicted_s_per_step", "predicted_ratio_per_step"]), "",
+          f"T_gen = {t_gen:.3f} s, T_train = {t_train:.3f} s (synchronous arm, medians over seeds)."]
+    (HERE / "results_partial.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 

@@ -15,7 +15,11 @@ longest sequence however few others are left), the second the throughput. Respon
 `max_len`. Training costs seconds per token, divided by the trainer's GPUs (`train_scaling` = 1: proportional).
 Colocated runs use every GPU for each phase in turn and pay `switch_s` per step; split runs pay `sync_s` per weight
 sync and run each pool `split_slowdown` times slower than the whole machine would (1 on a GPU cluster; about 1.6-2 on
-a 2-core CPU split 1+1)."""
+a 2-core CPU split 1+1).
+
+`predict_partial` models rlhf_nb's partial rollouts (max_staleness 1, two batches in flight, chunked decoding) on
+this machine's 1+1 Ray split at chunk granularity, from a measured synchronous step; bench/async_ray.py --partial
+puts it beside the measured arms (bench/results_partial.md)."""
 import argparse, heapq, json, math, textwrap, time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -139,6 +143,58 @@ def simulate_one_step_off(c, steps=30, seed=0, warmup=2):
     return _result("one_step_off", ends, warmup, [e.sum() for e in et], tt, c.sampler_engines,
                    [min(j, 1) for j in range(steps)], gen_s=float(np.mean([e.max() for e in et])), train_s=float(np.mean(tt)))
 
+
+def _chunk_cost(rows, tokens, per_row):
+    "Seconds-free cost of decoding `tokens` tokens for `rows` rows (+ one step of prefill): per row, or per step."
+    return (tokens + 1) * (rows if per_row else 1)
+
+
+def _partial_sampler(lens, chunk, per_row, start_ok):
+    """The partial-rollout producer of rlhf_nb.async_rl at chunk granularity (max_staleness 1, two batches in flight):
+    -> per batch, its finish time in cost units given `start_ok(version, t)` (the time version `version` is published)."""
+    t, pool, done, j, n = 0.0, [], {}, 0, len(lens)
+    while pool or j < n:
+        if not pool or (len(pool) == 1 and 2 * sum(pool[0][1] > 0) <= len(lens[pool[0][0]]) and j < n):
+            pool.append([j, np.array(lens[j], float)]); j += 1
+        t = max(t, start_ok(max(0, pool[-1][0] - 1), t))                 # the version the newest batch needs (0-based steps)
+        for b in pool:
+            left = b[1]
+            if (left > 0).any():
+                step = min(chunk, left[left > 0].max()); t += _chunk_cost(int((left > 0).sum()), step, per_row)
+                b[1] = np.where(left > 0, np.maximum(left - step, 0), 0)
+        while pool and not (pool[0][1] > 0).any(): done[pool.pop(0)[0]] = t
+    return done
+
+
+def predict_partial(t_gen, t_train, lens, chunk):
+    """Seconds per step of synchronous, one-step-off and one-step-off + partial rollouts on a 1+1 split, from the
+    synchronous arm's T_gen (sampling wait) and T_train, for the response lengths `lens` (one array per step). A
+    static batch decodes all its rows to its longest; decode cost is either per row and token (`per_row`) or per
+    token step; the two give a range, each calibrated so the static batches cost T_gen on average."""
+    out = {}
+    for per_row in (True, False):
+        static = [_chunk_cost(len(L), max(L), per_row) for L in lens]
+        unit = t_gen / np.mean(static)
+        g = [x * unit for x in static]
+        sync = np.mean(g) + t_train
+        t_gen_end, t_tr, ends = g[0], 0.0, []                             # one-step-off, as simulate_one_step_off
+        for j in range(len(lens)):
+            start = max(t_gen_end, t_tr)
+            if j + 1 < len(lens): t_gen_end = start + g[j + 1]
+            t_tr = start + t_train; ends.append(t_tr)
+        pub = {}                                                          # partial: when the trainer publishes each version
+        for _ in range(len(lens) + 2):                                    # a fixed point of: batch done -> step ends -> version out
+            done = _partial_sampler(lens, chunk, per_row, lambda v, t: pub.get(v, 0.0) / unit)
+            tr, pub_new = 0.0, {}
+            for j in range(len(lens)):
+                tr = max(tr, done[j] * unit) + t_train; pub_new[j + 1] = tr
+            if pub_new == pub: break
+            pub = pub_new
+        w = min(2, len(lens) - 1)
+        per = lambda e: (e[-1] - e[w - 1]) / (len(e) - w)
+        key = "per_row" if per_row else "per_step"
+        out[key] = {"synchronous": float(sync), "one-step-off": float(per(ends)), "one-step-off + partial": float(per([pub[j + 1] for j in range(len(lens))]))}
+    return out
 
 class _Stream:
     "A fully asynchronous run as events: engines decoding, a queue of finished groups, a trainer and weight syncs."
