@@ -125,7 +125,7 @@ def test_kill_and_resume_equals_uninterrupted(tmp_path):
     "SIGKILL while checkpoint-2 is written, resume from checkpoint-1 and the batch it had in flight == never stopped."
     policy = eos_prone_policy(tmp_path / "policy")
     part = ["--model_name_or_path", policy, "--max_staleness", 1, "--partial_rollout", "true", "--partial_rollout_chunk", 2,
-            "--max_completion_length", 8]
+            "--max_completion_length", 8, "--max_steps", 4]
     ref_out, out = tmp_path / "ref", tmp_path / "run"
     ref = Run(cmd("grpo", ref_out, *part, "--save_total_limit", 100), ref_out)
     killed = Run(cmd("grpo", out, *part, "--save_total_limit", 2, kill_at=2), out)
