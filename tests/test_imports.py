@@ -16,6 +16,8 @@ CHECKS = {
     "rlhf_nb.dataset": "import torch; b = m.collate_fn([{'input_ids': [5, 6]}, {'input_ids': [7]}], 0); assert b['input_ids'].tolist() == [[5, 6], [0, 7]]",
     "rlhf_nb.packing": "import torch; assert m.first_fit_bins([3, 2, 1], 3) == [[0], [1, 2]] and m.padding_fraction(torch.ones(2, 3)) == 0",
     "rlhf_nb.models": "tok = m.char_tokenizer(); assert tok.pad_token is not None and tok.chat_template",
+    "rlhf_nb.rollout_corr": "import torch; w = m.geometric_mask_is(torch.zeros(1, 3), torch.full((1, 3), 0.5), torch.ones(1, 3), cap=2.0); assert w.sum() == 3 and m.kept_set_mask(torch.tensor([[2.0, 1.0, -5.0]]), top_k=2).tolist() == [[True, True, False]]",
+    "rlhf_nb.routing_replay": "from rlhf_nb.models import char_tokenizer; mo = m.tiny_moe_causal_lm(char_tokenizer()); assert [n for n, _ in m.moe_routers(mo)] == ['model.layers.0.mlp.gate', 'model.layers.1.mlp.gate']",
     "rlhf_nb.rollout": "b = m.completions_to_batch([[5, 6], [7]], [m.Completion([9, 2], [-0.5, -0.1], 'stop'), m.Completion([4], [-1.0], 'length')], 2, 0); assert m.prompt_lists(b['prompts'], b['prompt_mask']) == [[5, 6], [7]] and m.RolloutArgs(rollout_engine='vllm').importance_sampling_mode == 'token_truncate'",
     "rlhf_nb.rollout_server": "assert m.ServerLimits().max_request_samples == 1024 and m.exposure_warning('127.0.0.1', 1, None) is None",
     "rlhf_nb.rewards": "assert m.compute_score('arith', '12 #### 12', '12') == 1.0",
