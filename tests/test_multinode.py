@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from test_fsdp import ENV, ROOT, WORKER, metrics
-from test_faults_dist import BOUND, HANG, LOCK, PLACEMENTS, RESUME, as_cli, ended, running, start, until_exists
+from test_faults_dist import BOUND, HANG, LOCK, PLACEMENTS, RESUME, ended, running, until_exists
+from _zygote import spawn
 
 ARGS = ["grpo", "--per_device_train_batch_size", 2, "--num_generations", 2, "--max_completion_length", 4,
         "--arith_train_size", 16, "--eval_steps", 0, "--max_steps", 3, "--save_steps", 2, "--disable_tqdm", "true",
@@ -44,13 +45,25 @@ def machine(placement, out, rank=None, port=None, *extra, worker_opts=()):
             str(WORKER), *map(str, worker_opts), "--", *map(str, ARGS), *opts, "--output_dir", str(out), *map(str, extra)]
 
 
-def two_machines(placement, out, *extra, worker_opts=(), cli=False):
+# A launcher is forked from a preloaded interpreter (tests/_zygote.py: a real process, without the seconds of imports),
+# which runs a script: LAUNCHERS["accelerate"] is `accelerate launch`, LAUNCHERS["cli"] launches as `rlhf-nb grpo
+# --accelerate_config` does (rlhf_nb.launch.run_launcher: its exit status, its line for a killed rank).
+LAUNCHERS = {"accelerate": "import sys; from accelerate.commands.launch import main; sys.argv[1:] = sys.argv[4:]; main()\n",
+             "cli": "import os, sys; from rlhf_nb.launch import run_launcher; "
+                    "sys.exit(run_launcher(sys.argv[1:], {**os.environ, 'ACCELERATE_USE_CPU': '1'}, 'grpo'))\n"}
+
+
+def start(cmd, log, launcher):
+    "Start the launcher `cmd` (an `accelerate launch` argv) with the script `launcher`, output to the file `log`."
+    return spawn([sys.executable, str(launcher), *cmd], env=ENV, cwd=ROOT, log=log)
+
+
+def two_machines(placement, out, launcher, *extra, worker_opts=()):
     "Start machines 0 and 1 (each its own launcher, output to out.m0.log / out.m1.log) -> [(process, log)]."
     port, started = free_port(), []
     for rank in (0, 1):
-        cmd = machine(placement, out, rank, port, *extra, worker_opts=worker_opts)
         log = Path(f"{out}.m{rank}.log")
-        started.append((start(as_cli(cmd) if cli else cmd, log), log))
+        started.append((start(machine(placement, out, rank, port, *extra, worker_opts=worker_opts), log, launcher), log))
     return started
 
 
@@ -89,11 +102,13 @@ def runs(tmp_path_factory):
     """Started together: DDP and FSDP2 on one machine of two processes (`one`) and on two machines of one (`two`),
     and a DDP run on two machines whose machine 1 loses its rank after checkpoint 2 (-> `killed`)."""
     d = tmp_path_factory.mktemp("multinode")
-    doomed = two_machines("ddp", d / "killed", worker_opts=("--step_sleep", 1), cli=True)   # a second after each step
+    for name, text in LAUNCHERS.items(): (d / f"{name}_launch.py").write_text(text)
+    acc = d / "accelerate_launch.py"
+    doomed = two_machines("ddp", d / "killed", d / "cli_launch.py", worker_opts=("--step_sleep", 1))   # 1 s after each step
     procs = []
     for p in PLACEMENTS:
-        procs.append((start(machine(p, d / f"{p}_one"), d / f"{p}_one.log"), d / f"{p}_one.log"))
-        procs += two_machines(p, d / f"{p}_two")
+        procs.append((start(machine(p, d / f"{p}_one"), d / f"{p}_one.log", acc), d / f"{p}_one.log"))
+        procs += two_machines(p, d / f"{p}_two", acc)
     try: killed = kill_machine_1(d / "killed", doomed)
     finally: finish(procs)
     return d, killed
@@ -124,7 +139,7 @@ def test_machine_1_rank_killed_mid_step_names_it_and_resume_matches(runs):
     assert not running(pid0) and not running(pid1)                      # no rank left behind on either machine
     steps = [json.loads(l)["step"] for l in (k["out"] / "metrics.jsonl").read_text().splitlines()]
     assert steps in ([1, 2], [1, 2, 3]), steps                          # whole rows up to the kill, which lands after row 2
-    finish(two_machines("ddp", k["out"], "--resume_from_checkpoint", "latest"))
+    finish(two_machines("ddp", k["out"], d / "accelerate_launch.py", "--resume_from_checkpoint", "latest"))
     assert metrics(k["out"]) == metrics(d / "ddp_two")
 
 
