@@ -93,6 +93,21 @@ def test_an_edited_conversation_is_refused_and_the_ids_stay_the_sampled_ones():
     assert t.prompt_ids == first
 
 
+def test_the_session_may_come_as_a_header_or_the_user_field():
+    said = {}
+    def agent(base_url, row):
+        root, sid = base_url.split("/sessions/")[0] + "/v1", base_url.split("/sessions/")[1].split("/")[0]
+        c, msgs = client(root), [dict(m) for m in row["prompt"]]
+        a = c.chat.completions.create(model="policy", messages=msgs, user=sid).choices[0].message.content
+        msgs += [{"role": "assistant", "content": a}, {"role": "user", "content": "more"}]
+        c.chat.completions.create(model="policy", messages=msgs, extra_headers={"X-Session-Id": sid})
+        try: c.chat.completions.create(model="policy", messages=msgs)
+        except openai.BadRequestError as e: said["none"] = e.body["message"]
+        return 1.0
+    (t,), _ = play(agent, rows=ROWS[:1])
+    assert t.turns == 2 and said["none"].startswith("which episode? use the base_url the agent was given"), said
+
+
 @pytest.mark.parametrize("kw, line", [
     ({"n": 2}, "n=2 is refused: an episode is one conversation"),
     ({"logprobs": True, "top_logprobs": 3}, "top_logprobs=3 is refused: only the sampled token's log-prob is kept"),
