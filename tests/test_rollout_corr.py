@@ -17,8 +17,9 @@ def run(capsys, monkeypatch, tmp_path, *args):
 
 
 def test_keep_sampling_mask_closes_the_gap_with_top_p_and_top_k(capsys, monkeypatch, tmp_path):
-    rc, err = run(capsys, monkeypatch, tmp_path, "--output_dir", "g", "--top_p", "0.8", "--top_k", "8", "--keep_sampling_mask", "true",
-                  "--fast_paths", "false", "--importance_sampling_mode", "geometric_mask", "--importance_sampling_cap", "1.001")
+    rc, err = run(capsys, monkeypatch, tmp_path, "--output_dir", "g", "--top_p", "0.8", "--top_k", "8",
+                  "--keep_sampling_mask", "true", "--fast_paths", "false",
+                  "--importance_sampling_mode", "geometric_mask", "--importance_sampling_cap", "1.001")
     assert rc == 0, err
     rows = [json.loads(l) for l in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if "sampling/kl_prox_behav" in r]
@@ -29,8 +30,10 @@ def test_keep_sampling_mask_closes_the_gap_with_top_p_and_top_k(capsys, monkeypa
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--keep_sampling_mask", "true", "--top_p", "0.8"], "keep_sampling_mask runs on the plain trainer with a synchronous sampler: it needs fast_paths false"),
-    (["--importance_sampling_mode", "geometric", "--importance_sampling_cap", "1.0"], "importance_sampling_mode geometric_mask keeps rows with 1/cap <= rho_geo <= cap"),
+    (["--keep_sampling_mask", "true", "--top_p", "0.8"],
+     "keep_sampling_mask runs on the plain trainer with a synchronous sampler: it needs fast_paths false"),
+    (["--importance_sampling_mode", "geometric", "--importance_sampling_cap", "1.0"],
+     "importance_sampling_mode geometric_mask keeps rows with 1/cap <= rho_geo <= cap"),
 ])
 def test_refusals_name_the_option(capsys, monkeypatch, tmp_path, args, msg):
     rc, err = run(capsys, monkeypatch, tmp_path, "--output_dir", "r", *args)

@@ -28,7 +28,8 @@ def noisy_routing(model, std=0.05):
     g = torch.Generator().manual_seed(0)
     def choose(router, hidden_states):
         z = F.linear(hidden_states.reshape(-1, router.hidden_dim), router.weight)
-        return rr.route(router, hidden_states, torch.topk(z.float() + std * torch.randn(z.shape, generator=g), router.top_k, -1).indices)
+        noisy = z.float() + std * torch.randn(z.shape, generator=g)
+        return rr.route(router, hidden_states, torch.topk(noisy, router.top_k, -1).indices)
     for _, m in rr.moe_routers(model): m.forward = partial(choose, m)
     try: yield
     finally:
@@ -44,8 +45,8 @@ def test_replay_gives_the_noisy_samplers_logprobs_back(capsys, monkeypatch, tmp_
     real_replay = rr.replay_routing
     def counted(model, experts): replays.append(tuple(experts.shape)); return real_replay(model, experts)
     monkeypatch.setattr(rr, "_inner_generate", noisy_generate); monkeypatch.setattr(rr, "replay_routing", counted)
-    rc, err = run(capsys, monkeypatch, tmp_path, "--model_name_or_path", "moe", "--output_dir", "g", "--enable_routing_replay", "true",
-                  "--fast_paths", "false", "--importance_sampling_mode", "token_truncate")
+    rc, err = run(capsys, monkeypatch, tmp_path, "--model_name_or_path", "moe", "--output_dir", "g",
+                  "--enable_routing_replay", "true", "--fast_paths", "false", "--importance_sampling_mode", "token_truncate")
     assert rc == 0, err
     assert replays and all(s[2:] == (2, 2) for s in replays)          # [rows, positions, layers, experts per token]
     steps = [json.loads(l) for l in (tmp_path / "g" / "metrics.jsonl").read_text().splitlines()]
@@ -55,7 +56,8 @@ def test_replay_gives_the_noisy_samplers_logprobs_back(capsys, monkeypatch, tmp_
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["--enable_routing_replay", "true", "--rollout_engine", "vllm"], "enable_routing_replay records the plain trainer's synchronous hf sampler: it needs fast_paths false, rollout_engine hf"),
+    (["--enable_routing_replay", "true", "--rollout_engine", "vllm"],
+     "enable_routing_replay records the plain trainer's synchronous hf sampler: it needs fast_paths false, rollout_engine hf"),
     (["--enable_routing_replay", "true", "--fast_paths", "false"], "enable_routing_replay needs a mixture-of-experts policy"),
 ])
 def test_refusals_name_the_option(capsys, monkeypatch, tmp_path, args, msg):
