@@ -15,7 +15,7 @@ Small by default (the demo model, a shared CPU); the 33.6M shape in float32, as 
     python bench/packing.py --shape 33.6M --prompts 16 --generations 8 --max_len 256 --median_len 24 --budget 4096 --steps 5 --threads 8
 Writes bench/results_packing.{json,md}."""
 from __future__ import annotations
-import argparse, json, math, subprocess, sys, time
+import argparse, json, math, os, subprocess, sys, time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
@@ -23,7 +23,8 @@ sys.path.insert(0, str(BENCH.parent)); sys.path.insert(0, str(BENCH))
 from common import SIZES, peak_rss_mb, vm_hwm_mb                      # noqa: E402
 from throughput import QWEN25_05B_SHAPE                                 # noqa: E402
 
-SHAPES = {**SIZES, "0.5B": {k: v for k, v in QWEN25_05B_SHAPE.items() if k != "max_position_embeddings"}}
+SHAPES = {**SIZES, "0.5B": {k: v for k, v in QWEN25_05B_SHAPE.items()            # tiny_config takes shape fields only
+                            if k not in ("max_position_embeddings", "rope_theta")}}
 
 TAG = "@@PACKING "
 ARMS = {"padded": {}, "packed": {"padding_free": True},
@@ -52,14 +53,14 @@ def long_tailed_batch(trainer, args):
 
 
 def train_side_step(trainer, data):
-    "One step without sampling: log-probs and values, advantages, update -> (seconds, metrics)."
+    "One step without sampling: log-probs and values, advantages, update -> ((wall s, CPU s), metrics)."
     import torch
     d = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in data.items()}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     d = trainer.compute_log_probs_and_values(d)
     d = trainer.compute_advantages(d)
     upd = trainer.update(d)
-    sec = time.perf_counter() - t0
+    sec = (time.perf_counter() - t0, time.process_time() - c0)
     m = trainer.step_metrics(d, d["token_level_scores"].sum(-1), upd, {})
     return sec, m
 
@@ -84,7 +85,9 @@ def arm(name, args):
     data = long_tailed_batch(trainer, args)
     first = train_side_step(trainer, data)[1]                              # warm-up step; its metrics are compared
     secs = [train_side_step(trainer, data)[0] for _ in range(args.steps)]
-    return {"arm": name, "step_s": sorted(secs)[len(secs) // 2], "steps_s": secs, "peak_rss_mb": peak_rss_mb(),
+    wall, cpu = [w for w, _ in secs], [c for _, c in secs]
+    return {"arm": name, "step_s": sorted(wall)[len(wall) // 2], "steps_s": wall, "step_cpu_s": sorted(cpu)[len(cpu) // 2],
+            "steps_cpu_s": cpu, "load": os.getloadavg()[0], "peak_rss_mb": peak_rss_mb(),
             "vm_hwm_mb": vm_hwm_mb(), "padding_fraction": first["perf/padding_fraction"],
             "rows": int(data["responses"].shape[0]), "response_mean_len": float(data["response_mask"].sum(-1).float().mean()),
             "metrics": {k: first[k] for k in COMPARED if k in first}}
@@ -153,13 +156,18 @@ def report(rows, args):
              f"{args.prompts} prompts x {args.generations} completions, responses lognormal (median {args.median_len}, "
              f"sigma {args.sigma}, cut at {args.max_len}); token budget {args.budget}; {args.threads} torch thread(s); "
              f"median of {args.steps} steps after one warm-up.", "",
-             "| arm | padding fraction | step s | x padded | peak RSS MB | x padded | pg_loss | grad_norm |",
-             "|---|---|---|---|---|---|---|---|"]
+             "CPU s: the process's CPU seconds per step, summed over its threads (far less disturbed than wall seconds "
+             "when other work shares the cores); load: the 1-minute load average at the arm's end.", "",
+             "| arm | padding fraction | step s | x padded | CPU s | x padded | peak RSS MB | x padded | pg_loss | grad_norm "
+             "| load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["metrics"]
+        cpu = (f"{r['step_cpu_s']:.3f} | {r['step_cpu_s'] / base['step_cpu_s']:.2f}" if "step_cpu_s" in r else "- | -")
         lines.append(f"| {r['arm']} | {r['padding_fraction']:.3f} | {r['step_s']:.3f} | {r['step_s'] / base['step_s']:.2f} | "
+                     f"{cpu} | "
                      f"{r['peak_rss_mb']:.0f} | {r['peak_rss_mb'] / base['peak_rss_mb']:.2f} | "
-                     f"{m.get('actor/pg_loss', float('nan')):.6g} | {m.get('actor/grad_norm', float('nan')):.6g} |")
+                     f"{m.get('actor/pg_loss', float('nan')):.6g} | {m.get('actor/grad_norm', float('nan')):.6g} | "
+                     f"{r.get('load', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -197,12 +205,19 @@ def main(argv=None):
         md = Path(args.out + ".md").read_text().split("\n## Held-out accuracy")[0].rstrip("\n") + "\n"
         Path(args.out + ".md").write_text(md + accuracy_report(runs, args) + f"\nCommand: `{cmd}`\n")
         print(accuracy_report(runs, args)); return 0
+    acc_md, old = "", Path(args.out + ".json")
+    if not runs and old.is_file() and json.loads(old.read_text()).get("accuracy"):   # timing only: keep the accuracy runs
+        o = json.loads(old.read_text())
+        runs, acc_cmd = o["accuracy"], o.get("accuracy_command", o.get("command"))
+        acc_md = Path(args.out + ".md").read_text().split("\n## Held-out accuracy")[1].split("\nCommand:")[0]
+        acc_md = "\n## Held-out accuracy" + acc_md.rstrip("\n") + f"\n\nCommand: `{acc_cmd}`\n"
+    elif runs: acc_md, acc_cmd = accuracy_report(runs, args), cmd
     out = {"args": {k: v for k, v in vars(args).items() if k not in ("arm", "out")}, "command": cmd, "arms": rows,
-           "accuracy": runs,
+           "accuracy": runs, "accuracy_command": acc_cmd if runs else None,
            "ratios": {r["arm"]: {"step": r["step_s"] / rows[0]["step_s"], "peak_rss": r["peak_rss_mb"] / rows[0]["peak_rss_mb"]}
                       for r in rows}}
     Path(args.out + ".json").write_text(json.dumps(out, indent=1, default=float) + "\n")
-    md = report(rows, args) + f"\nCommand: `{cmd}`\n" + (accuracy_report(runs, args) if runs else "")
+    md = report(rows, args) + f"\nCommand: `{cmd}`\n" + acc_md
     Path(args.out + ".md").write_text(md)
     print(report(rows, args))
     return 0
