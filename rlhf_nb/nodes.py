@@ -129,9 +129,10 @@ def phase_table(calls):
     return out
 
 # %% ../nbs/01gn_nodes.ipynb #56fe961d
-PHASE_NAMES = {"generate_sequences": "rollout", "sample_on_host": "rollout", "compute_log_prob": "log-probs",
-               "compute_ref_log_prob": "log-probs", "compute_values": "values", "prepare_update": "advantages",
-               "role_update": "update", "load_on_host": "weights in"}
+PHASE_NAMES = {"generate_sequences": "rollout", "sample_on_host": "rollout", "sample_on_rollout": "rollout",
+               "compute_log_prob": "log-probs", "compute_ref_log_prob": "log-probs", "compute_values": "values",
+               "prepare_update": "advantages", "role_update": "update", "load_on_host": "weights in",
+               "load_on_rollout": "weights in"}
 
 def trace_bars(calls, origin=None):
     "Gantt bars (worker, phase, start, seconds) for `plot_step_timeline`, a row per node / pool / rank; calls on a worker queue."

@@ -13,6 +13,7 @@ from .checkpoints import rng_state, set_rng_state, torch_load
 from .dist import merge_rank_metrics
 from .workers import Role
 from .sharding import FSDP_ROLE_WORKERS
+from .rollout import sync_policy
 from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load_on_host, policy_state, sample_on_host,
                               shard_batches, ahead_metrics, ray_partial_producer)
 
@@ -20,9 +21,9 @@ from .async_rl import (RolloutProducer, batch_params, check_batch_logprobs, load
 __all__ = ['PLACEABLE_ROLES', 'PLACEMENT_LAYOUTS', 'ROLE_COLOURS', 'parse_role', 'base_roles', 'parse_mapping', 'pool_spec',
            'ResourcePoolManager', 'run_roles', 'complete_pools', 'require_ray', 'check_placement', 'plot_placements',
            'step_timeline', 'plot_step_timeline', 'WorkerLost', 'start_ray', 'RoleHost', 'build_host_trainer',
-           'worker_method', 'worker_attr', 'last_lr', 'prepare_update', 'role_update', 'save_role', 'load_role',
-           'WorkerGroup', 'wait_all', 'RemoteRole', 'RayPlacement', 'fsdp_wanted', 'LocalPlacement',
-           'check_rollout_pool', 'make_placement']
+           'worker_method', 'worker_attr', 'last_lr', 'sample_on_rollout', 'load_on_rollout', 'stop_rollout',
+           'prepare_update', 'role_update', 'save_role', 'load_role', 'WorkerGroup', 'wait_all', 'RemoteRole',
+           'RayPlacement', 'fsdp_wanted', 'LocalPlacement', 'check_rollout_pool', 'make_placement']
 
 # %% ../nbs/01g_placement.ipynb #41d03e48
 PLACEABLE_ROLES = (Role.ActorRollout, Role.Critic, Role.RefPolicy, Role.RewardModel, Role.ActorRolloutRef, Role.Rollout,
@@ -148,6 +149,9 @@ def check_placement(args):
         require_ray()
         if args.fsdp == "on": raise ConfigError("fsdp: on needs placement: accelerate (FSDP ranks are accelerate processes)")
     if args.placement == "colocate" and args.fsdp == "on": raise ConfigError("fsdp: on needs placement: accelerate")
+    if args.placement == "ray" and getattr(args, "rollout_engine", "hf") != "hf" and (rpm is None or rpm.pool_of(Role.Rollout) is None):
+        raise ConfigError(f"rollout_engine {args.rollout_engine!r} under placement ray runs on a Rollout pool of its own: add e.g. "
+                          "resource_pools trainer=1,sampler=1 and role_pools ActorRollout=trainer,Rollout=sampler")
     if args.ray_cpus_per_worker < 1: raise ConfigError(f"ray_cpus_per_worker must be >= 1, got {args.ray_cpus_per_worker}")
     return rpm
 
@@ -246,7 +250,8 @@ class RoleHost:
 def build_host_trainer(trainer_cls, config, kwargs, roles):
     "On a Ray worker: `trainer_cls(config, **kwargs)` holding only `roles`, workers built; -> the trainer."
     cfg = dataclasses.replace(config, placement="colocate", resource_pools=None, role_pools=None, resume_from_checkpoint=None,
-                              disable_tqdm=True, report_to="none")
+                              disable_tqdm=True, report_to="none",
+                              rollout_engine=config.rollout_engine if Role.Rollout in roles else "hf")   # vLLM: on the Rollout pool
     t = trainer_cls(cfg, **kwargs)
     t.hosted_roles = {Role.ActorRollout if r == Role.Rollout else r for r in roles}   # a Rollout worker holds an actor's policy
     return t.init_workers()
@@ -258,6 +263,21 @@ def worker_method(t, role, method, *args):
 def worker_attr(t, role, name): return getattr(t.workers[role], name)
 
 def last_lr(t, role): return t.workers[role].scheduler.get_last_lr()[0]
+
+def sample_on_rollout(t, batch, params):
+    "On a Rollout worker: sample `batch` with its own engine (vLLM) when it has one, else with its copy of the policy."
+    if getattr(t.rollout, "shared", True): return sample_on_host(t, batch, params)
+    dev = t.workers[Role.ActorRollout].accelerator.device
+    return t.rollout.generate_batch({k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}, params)
+
+def load_on_rollout(t, weights, version):
+    "On a Rollout worker: load `weights` as `version` (`load_on_host`), then hand them to its own engine when it has one."
+    load_on_host(t, weights, version)
+    if not getattr(t.rollout, "shared", True): sync_policy(t.rollout, t.workers[Role.ActorRollout].policy, int(version))
+
+def stop_rollout(t):
+    "On a Rollout worker: stop its engine (a vLLM server it started stops with it)."
+    if t.rollout is not None: t.rollout.shutdown()
 
 # %% ../nbs/01g_placement.ipynb #749d9aa8
 def prepare_update(t, kl_value, data):
@@ -390,6 +410,8 @@ def _shutdown(self):
     "Stop every worker and free the pools' reservations."
     ray = require_ray()
     from ray.util.placement_group import remove_placement_group
+    stops = [a.run.remote(stop_rollout) for g in self.groups.values() if Role.Rollout in g.roles for a in g.actors]
+    if stops: ray.wait(stops, num_returns=len(stops), timeout=30)         # engines stopped before their workers go
     for g in self.groups.values():
         for a in g.actors: ray.kill(a)
         if g.pg is not None: remove_placement_group(g.pg)
@@ -490,11 +512,11 @@ def _async_producer(self, t, first, ready):
     def sample(j, version):
         batches, state = shard_batches(t, world)
         params = batch_params(cfg, j)
-        shards = self.gather(self.submit(Role.Rollout, sample_on_host, [(b, params) for b in batches]))[0]
+        shards = self.gather(self.submit(Role.Rollout, sample_on_rollout, [(b, params) for b in batches]))[0]
         for d in shards: check_batch_logprobs(d, cfg, "hf")
         shards, rms = self.scores(t, shards)
         return {"data": shards, "reward_metrics": rms, "version": version, "sampler_state": state}
-    def load(ref, version): self.gather(self.submit(Role.Rollout, load_on_host, [(ref, version)] * world))
+    def load(ref, version): self.gather(self.submit(Role.Rollout, load_on_rollout, [(ref, version)] * world))
     p = RolloutProducer(sample, load, cfg.max_staleness, first=first, last=cfg.max_steps, loaded_version=-1, ready=ready,
                         start_version=t.global_step)
     p.publish(t.global_step, self.group_of(Role.ActorRollout).actors[0].run.remote(policy_state))   # the weights it starts from

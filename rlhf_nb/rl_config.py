@@ -157,9 +157,9 @@ class PPOConfig(AgentArgs, AsyncArgs, RolloutArgs, PlacementArgs, LoopArgs, Obje
             raise ConfigError("logprob_chunk_size runs on the plain trainer's workers: set fast_paths false with it")
         run_check(self, "rlhf_nb.core:check_objective_names")                # the registries' names (core imports torch)
         run_check(self, "rlhf_nb.placement:check_placement")                 # pools, roles, Ray installed: before anything starts
-        if self.rollout_engine != "hf" and self.placement != "colocate":
-            raise ConfigError(f"rollout_engine {self.rollout_engine!r} runs with placement colocate (one trainer process); "
-                              f"under placement {self.placement!r} the actor workers sample with hf")
+        if self.rollout_engine != "hf" and self.placement == "accelerate":      # ray: on a Rollout pool (check_placement)
+            raise ConfigError(f"rollout_engine {self.rollout_engine!r} runs with placement colocate (one trainer process) "
+                              "or ray (on a Rollout pool), not accelerate")
 
     @property
     def episodes_per_step(self): return self.per_device_train_batch_size * self.num_generations

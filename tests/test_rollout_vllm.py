@@ -207,7 +207,8 @@ def test_a_server_that_dies_mid_run(vpy, tmp_path):
     (["--rollout_engine", "sglang"], "rollout_engine"),
     (["--rollout_engine", "vllm", "--vllm_mode", "remote"], "vllm_mode"),
     (["--rollout_engine", "vllm", "--importance_sampling_mode", "token_clip"], "importance_sampling_mode must be one of"),
-    (["--rollout_engine", "vllm", "--placement", "ray"], "runs with placement colocate"),
+    (["--rollout_engine", "vllm", "--placement", "ray"], "runs on a Rollout pool of its own"),
+    (["--rollout_engine", "vllm", "--placement", "accelerate"], "runs with placement colocate"),
 ])
 def test_bad_rollout_options_are_one_line(args, expect, tmp_path):
     r = cli("grpo", *args, "--max_steps", "1", "--output_dir", tmp_path / "run", *TINY, cwd=tmp_path)
@@ -232,3 +233,37 @@ def test_unreachable_server_is_one_line_within_its_timeout(tmp_path):
     line = error_line(r)
     assert "no rollout server answered on http://127.0.0.1:" in line and "within 3 s" in line, line
     assert time.time() - t0 < 240                                   # the default timeout alone is 240 s; start-up takes ~10 s
+
+
+def test_ray_rollout_pool_runs_vllm_servers(vpy, tmp_path):
+    """placement ray over two Ray nodes: the actor on node_a, the Rollout pool on node_b, whose worker starts a vLLM server
+    (in the vLLM interpreter) and gets the new weights through Ray's object store. max_staleness 0: the engine samples
+    with the weights of the step before, so its log-probs equal the trainer's; 1: one step off. Nothing left behind."""
+    import psutil
+    from rlhf_nb.nodes import LocalCluster
+    pools = ["--placement", "ray", "--resource_pools", "actor_pool=1@node_a,rollout_pool=1@node_b",
+             "--role_pools", "ActorRolloutRef=actor_pool,Rollout=rollout_pool", "--ray_cpus_per_worker", "1"]
+    servers = lambda: set(subprocess.run(["pgrep", "-f", "serve_main"], capture_output=True, text=True).stdout.split())
+    before = servers()
+    with LocalCluster({"node_a": 2, "node_b": 2}) as c:
+        for s in (0, 1):
+            cmd = [sys.executable, "-m", "rlhf_nb.launch", "grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine",
+                   "vllm", "--vllm_mode", "server", "--vllm_server_python", vpy, "--max_steps", 3, "--max_staleness", s,
+                   "--ray_address", c.address, *pools, "--output_dir", tmp_path / f"s{s}", *TINY]
+            with open(tmp_path / f"err{s}.txt", "w") as err:
+                p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=err, env=ENV, cwd=tmp_path)
+                parents, t0 = {}, time.monotonic()
+                while p.poll() is None and time.monotonic() - t0 < HANG:       # who started each new server
+                    for pid in servers() - before:
+                        with contextlib.suppress(psutil.Error): parents[pid] = psutil.Process(int(pid)).ppid()
+                    time.sleep(0.5)
+                assert p.wait(timeout=60) == 0, (tmp_path / f"err{s}.txt").read_text()[-4000:]
+            got = rows(tmp_path / f"s{s}")
+            assert [g["step"] for g in got] == [1, 2, 3] and [g["staleness/max"] for g in got] == [0, s, s]
+            assert all(SAMPLING_KEYS - {"time/sync"} <= set(g) for g in got)
+            if s == 0: assert all(g["sampling/sampling_logp_difference/max"] < 1e-3 for g in got)   # fp32: weights in sync
+            workers = {w["pool"]: w for w in json.loads((tmp_path / f"s{s}" / "ray_workers.json").read_text())}
+            assert {p: w["node_id"] for p, w in workers.items()} == {"actor_pool": c.node_id("node_a"), "rollout_pool": c.node_id("node_b")}
+            assert set(parents.values()) == {workers["rollout_pool"]["pid"]}, parents      # the Rollout worker's own server
+            assert not servers() - before, f"rollout server still running: {servers() - before}"
+    assert c.shutdown() == []
