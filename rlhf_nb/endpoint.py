@@ -379,7 +379,7 @@ def generate_batch(self: AgentEndpoint, engine, batch, params, max_completion_le
 # %% ../nbs/01fw_agent_endpoint.ipynb #462f6de9
 CALC_TOOLS = [tool_schema(CalculatorEnv().calculate)]
 
-def calculator_agent(base_url, row, max_tool_calling_iterations=2):
+def calculator_agent(base_url, row, max_tool_calling_iterations=2, max_tool_response_chars=64):
     "The calculator task against an OpenAI-compatible `base_url` with the `openai` SDK; -> the episode's reward."
     from openai import OpenAI                                            # an optional extra: pip install 'rlhf-nb[envs]'
     client, env = OpenAI(base_url=base_url, api_key="rlhf-nb", max_retries=0), CalculatorEnv()
@@ -391,7 +391,8 @@ def calculator_agent(base_url, row, max_tool_calling_iterations=2):
         answers.append(text); messages.append({"role": "assistant", "content": text})
         calls = parse_hermes(text)
         if choice.finish_reason == "length" or not calls or turn == max_tool_calling_iterations: break
-        messages += [{"role": "tool", "content": call_tool({"calculate": env.calculate}, c, schema=CALC_TOOLS[0])[0]} for c in calls]
+        told = [call_tool({"calculate": env.calculate}, c, schema=CALC_TOOLS[0])[0] for c in calls]
+        messages += [{"role": "tool", "content": a[:max_tool_response_chars]} for a in told]   # as the loop cuts them
     return compute_score(row["data_source"], "".join(answers), row["reward_model"]["ground_truth"], row.get("extra_info"))
 
 # %% ../nbs/01fw_agent_endpoint.ipynb #62f6de96

@@ -44,7 +44,7 @@ def three_turn_agent(seen):
     def agent(base_url, row):
         c, msgs = client(base_url), [dict(m) for m in row["prompt"]]
         for k in range(3):
-            ch = c.chat.completions.create(model="policy", messages=msgs, tools=CALC_TOOLS, logprobs=True).choices[0]
+            ch = c.chat.completions.create(model="policy", messages=msgs, tools=CALC_TOOLS, logprobs=True, max_tokens=12).choices[0]
             seen.setdefault(row["extra_info"]["index"], []).append(
                 (ch.model_extra["token_ids"], [t.logprob for t in ch.logprobs.content]))
             msgs += [{"role": "assistant", "content": ch.message.content}, {"role": "user", "content": f"go on {k}"}]
@@ -55,9 +55,9 @@ def three_turn_agent(seen):
 
 def test_episode_through_the_sdk_trains_on_the_sampled_ids():
     seen, policy = {}, tiny_causal_lm(TOK, seed=0)
-    with AgentEndpoint(TOK, three_turn_agent(seen), SamplingParams(60)) as ep:
+    with AgentEndpoint(TOK, three_turn_agent(seen), SamplingParams(200)) as ep:
         batch = {"input_ids": torch.zeros(2, 1, dtype=torch.long), **{k: [r[k] for r in ROWS] for k in ROWS[0]}}
-        out = ep.generate_batch(HFEngine(policy, TOK.eos_token_id, TOK.pad_token_id), batch, SamplingParams(60, seed=1))
+        out = ep.generate_batch(HFEngine(policy, TOK.eos_token_id, TOK.pad_token_id), batch, SamplingParams(200, seed=1))
     for i in range(2):
         m = out["response_mask"][i].bool()
         turns = seen[i]
@@ -68,8 +68,8 @@ def test_episode_through_the_sdk_trains_on_the_sampled_ids():
         assert out["rollout_log_probs"][i][~m].abs().sum() == 0
         assert (out["attention_mask"][i][out["prompts"].shape[1]:].bool() & ~m).any()       # the agent's tokens: read, no loss
     assert [e["agent_reward"] for e in out["extra_info"]] == [0.5, 0.5] and out["data_source"] == ["agent_function"] * 2
-    turns = [sum(1 for ids, _ in seen[i] if ids) for i in range(2)]                          # a full episode answers empty
-    assert out["rollout_metrics"]["num_turns/mean"] == sum(turns) / 2 and out["rollout_metrics"]["agent/failures"] == 0
+    assert all(0 < len(ids) <= 12 for i in range(2) for ids, _ in seen[i])                   # max_tokens honoured
+    assert out["rollout_metrics"]["num_turns/mean"] == 3 and out["rollout_metrics"]["agent/failures"] == 0
 
 
 def test_an_edited_conversation_is_refused_and_the_ids_stay_the_sampled_ones():
