@@ -66,6 +66,7 @@ def lognormal_lengths(median, sigma, max_len):
                 pb.stopped[i] = True
         return pb
     placement.sample_on_host, async_rl.decode_on_host = sample_capped, decode_capped
+    if hasattr(placement, "sample_on_rollout"): placement.sample_on_rollout = sample_capped   # what the Ray producer submits
 
 
 def arm(staleness, steps, seed, sft_dir, objective="decoupled", partial=False, chunk=8, lognormal=None, len_median=12, max_len=64):
@@ -192,13 +193,15 @@ def main_partial(a):
           f"--chunk {a.chunk} --steps {a.steps} --seeds {a.seeds}`: {a.steps} steps per arm (the first {WARMUP} not timed), "
           f"16 prompts x 8 completions, lengths lognormal (median {a.len_median}, sigma {a.lognormal}, cap {a.max_len}), the "
           "untrained tiny policy; pools trainer=1, sampler=1 (one CPU each), every arm in the same run. "
-          f"Load average before / after: {load0:.2f} / {res['load_after']:.2f}; wall {res['wall_s']:.0f} s.", "",
+          f"Load before / after: {load0:.2f} / {res['load_after']:.2f}; wall {res['wall_s']:.0f} s.", "",
           table(rows, ["arm", "seed", "step_s", "trainer_wait_s", "sampler_wait_s", "staleness_max", "response_len",
                        "async/token_age_0", "async/token_age_1"]), "",
           "## Predicted (bench/async_sim.py `predict_partial`, from the synchronous arm's T_gen and T_train) and measured", "",
           table(summary, ["arm", "step_s_median", "measured_ratio", "predicted_s_per_row", "predicted_ratio_per_row",
                           "predicted_s_per_step", "predicted_ratio_per_step"]), "",
-          f"T_gen = {t_gen:.3f} s, T_train = {t_train:.3f} s (synchronous arm, medians over seeds)."]
+          f"T_gen = {t_gen:.3f} s, T_train = {t_train:.3f} s (synchronous arm, medians over seeds).", "",
+          "Per-seed range of step_s: " + "; ".join(f"{n} {min(x):.2f}-{max(x):.2f} s" for n, x in
+                                                   ((n, [r["step_s"] for r in rows if r["arm"] == n]) for n, *_ in ARMS)) + "."]
     (HERE / "results_partial.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
