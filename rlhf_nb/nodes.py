@@ -5,6 +5,7 @@
 # %% ../nbs/01gn_nodes.ipynb #f72e55ac
 from __future__ import annotations
 import os, pickle, signal, time
+from . import placement as pl
 from .placement import RayPlacement
 
 # %% auto #0
@@ -98,7 +99,6 @@ class PhaseTrace:
 # %% ../nbs/01gn_nodes.ipynb #2e9ba330
 def _trace_enter(self):
     "Wrap `RayPlacement.step`/`submit` and placement's `wait_all` (the one place worker seconds are seen)."
-    from rlhf_nb import placement as pl
     self._saved = (RayPlacement.step, RayPlacement.submit, pl.wait_all)
     step, submit, wait = self._saved
     def traced_step(placement, t):
@@ -111,7 +111,6 @@ def _trace_enter(self):
     return self
 
 def _trace_exit(self, *exc):
-    from rlhf_nb import placement as pl
     RayPlacement.step, RayPlacement.submit, pl.wait_all = self._saved
 
 PhaseTrace.__enter__, PhaseTrace.__exit__ = _trace_enter, _trace_exit

@@ -37,6 +37,8 @@ CHECKS = {
     "rlhf_nb.demo": "assert ('tiny', 'grpo') in m.DEMO_PRESETS",
     "rlhf_nb.launch": "assert m.main(['--help']) == 0",
     "rlhf_nb.agents": "assert m.parse_hermes('<tool_call>{\"name\": \"calculate\", \"arguments\": {\"expression\": \"2*3\"}}</tool_call>')[0][\"name\"] == \"calculate\" and m.safe_eval(\"12*34\") == 408",
+    "rlhf_nb.endpoint": "assert m.split_route('/sessions/s1/v1/chat/completions') == ('s1', '/v1/chat/completions') and m.check_sampling({'model': m.SERVED_MODEL, 'max_tokens': 4}, None) == 4",
+    "rlhf_nb.nodes": "assert m.phase_table([]) == {} and m.PHASE_NAMES['role_update'] == 'update'",
     "rlhf_nb.environments": "assert [n for n, _ in m.parse_tasks('chain_sum,spell_backward')] == ['chain_sum', 'spell_backward'] and m.observation_text({'hint': 'higher'}) == 'higher'",
     "rlhf_nb.async_rl": "assert [m.sampling_version(j, 1) for j in (1, 2, 3)] == [0, 0, 1] and m.batch_params(type('A', (), dict(max_completion_length=4, temperature=1.0, top_k=0, top_p=1.0, seed=0))(), 2).seed == 2",
     "rlhf_nb.placement": "assert m.ResourcePoolManager({'p': 1}, {'ActorRolloutRef': 'p'}).pool_of(m.Role.RefPolicy) == 'p'",
