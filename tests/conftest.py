@@ -24,12 +24,14 @@ def _fresh_accelerate_state():
 # workers, each taking whole files (`-n 2 --dist loadfile`: a module's fixtures are built once); handing out the long
 # files first lets the two finish together instead of one worker starting a long file when the other is done.
 # A file not listed counts as short and keeps its place after these.
-FILE_SECONDS = {"test_faults.py": 250, "test_rollout_vllm.py": 200, "test_faults_dist.py": 150, "test_placement.py": 130,
+FILE_SECONDS = {"test_faults.py": 250, "test_rollout_vllm.py": 280, "test_faults_dist.py": 150, "test_placement.py": 130,
                 "test_distributed.py": 110, "test_trl_cli.py": 80, "test_fsdp.py": 80, "test_docs_site.py": 70,
                 "test_resume.py": 60, "test_async.py": 55, "test_tracking.py": 55, "test_cli.py": 50,
                 "test_executor_metrics.py": 40, "test_newcomer.py": 35, "test_agents.py": 35, "test_data_cli.py": 30,
                 "test_chunked_head.py": 60, "test_distill.py": 35, "test_packing.py": 25, "test_environments.py": 25,
-                "test_evaluate.py": 20}
+                "test_evaluate.py": 20,
+                "test_nodes.py": 140, "test_multinode.py": 70, "test_partial_rollout.py": 30, "test_endpoint.py": 25,
+                "test_rollout_corr.py": 20, "test_routing_replay.py": 20}
 
 
 def pytest_collection_modifyitems(session, config, items):
