@@ -138,14 +138,33 @@ def test_cli_tool_use_episodes_with_vllm(vpy, tmp_path):
     assert all(g["sampling/sampling_logp_difference/max"] < 1e-3 for g in got)     # fp32: engine and trainer agree on sampled tokens
 
 
+def marked_processes(mark):
+    "PIDs of live processes whose environment carries RLHF_NB_TEST_MARK=mark (children inherit it from the trainer)."
+    import psutil
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.environ().get("RLHF_NB_TEST_MARK") == mark: out.append(p.pid)
+    return out
+
+
 def test_cli_server_mode_started_by_the_trainer(vpy, tmp_path):
     "The trainer (this interpreter, no vLLM) starts a server from the vLLM virtualenv, trains 3 steps, stops it."
-    r = cli("grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine", "vllm", "--vllm_mode", "server",
-            "--vllm_server_python", vpy, "--max_steps", "3", "--output_dir", tmp_path / "run", *TINY, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
+    cmd = [sys.executable, "-m", "rlhf_nb.launch", "grpo", "--config", ROOT / "configs/grpo_arith.yaml", "--rollout_engine", "vllm",
+           "--vllm_mode", "server", "--vllm_server_python", vpy, "--max_steps", "3", "--output_dir", tmp_path / "run", *TINY]
+    mark, seen = str(tmp_path), set()
+    with open(tmp_path / "err.txt", "w") as err:
+        p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=err, cwd=tmp_path,
+                             env={**ENV, "RLHF_NB_TEST_MARK": mark})
+        t0 = time.monotonic()
+        while p.poll() is None and time.monotonic() - t0 < HANG:       # the server: a marked process other than the trainer
+            seen |= set(marked_processes(mark)) - {p.pid}
+            time.sleep(0.5)
+        assert p.wait(timeout=60) == 0, (tmp_path / "err.txt").read_text()[-4000:]
     got = rows(tmp_path / "run")
     assert [g["step"] for g in got] == [1, 2, 3] and all(SAMPLING_KEYS <= set(g) for g in got)
-    left = subprocess.run(["pgrep", "-f", f"serve_main.*{tmp_path}"], capture_output=True, text=True).stdout.split()
+    assert seen, "no server process was seen while the trainer ran"
+    left = marked_processes(mark)
     assert not left, f"rollout server still running: {left}"
 
 
