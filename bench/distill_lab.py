@@ -3,6 +3,12 @@
     python bench/distill_lab.py                 # small default (about 20 minutes on 2 busy CPU cores, most of it the teacher's SFT): 300 steps per arm
     python bench/distill_lab.py --full          # full size: teacher SFT to 60%, 1000 steps per arm, 500 held-out prompts
     python bench/distill_lab.py --plot_only     # redraw the figure and rewrite the table from the json
+    python bench/distill_lab.py --student_acc 0.15 --steps 1500 --eval_every 100 --eval_size 200 \
+        --arms grpo,opd,opd_reward,sft_teacher  # the run in results_distill.md: a student that is sometimes right
+
+--student_acc stops the student's SFT at that held-out accuracy (cached in bench/_work/distill_student_acc<pct>, time
+cap --student_seconds, 900 s by default with it); --steps, --eval_every and --eval_size override the size. The teacher
+cache is the same in every case (reused, never retrained, as long as its SFT settings are unchanged).
 
 The teacher is the tiny model (hidden 128, 4 layers) SFT-trained on the arithmetic task (`rlhf_nb.sft.sft_warm_start`,
 cached in bench/_work/distill_teacher); the student is a smaller model (hidden 64, 2 layers) from the same SFT recipe
@@ -54,8 +60,10 @@ def starts(a):
     from rlhf_nb.sft import sft_warm_start
     teacher = sft_warm_start(str(HERE / "_work/distill_teacher"), seed=0, target_accuracy=a["teacher_acc"],
                              max_seconds=a["teacher_seconds"], progress=False)
-    student = sft_warm_start(str(HERE / "_work/distill_student"), seed=0, target_accuracy=0.9, max_seconds=a["student_seconds"],
-                             model_kw=STUDENT_SHAPE, progress=False)
+    acc = a.get("student_acc")                                          # None: the old start (SFT cut at student_seconds)
+    folder = "_work/distill_student" if acc is None else f"_work/distill_student_acc{round(acc * 100)}"
+    student = sft_warm_start(str(HERE / folder), seed=0, target_accuracy=0.9 if acc is None else acc,
+                             max_seconds=a["student_seconds"], model_kw=STUDENT_SHAPE, progress=False)
     return teacher, student
 
 
@@ -134,13 +142,46 @@ def table(res):
     lines = [f"Teacher (hidden 128, 4 layers) held-out greedy accuracy {t:.3f}; student start (hidden 64, 2 layers) "
              f"{res['student_accuracy']:.3f}; {res['settings']['eval_size']} held-out prompts. Equal compute = "
              f"{budget:.3g} FLOPs (the smallest arm's total).", "",
-             "| arm | final acc | acc at equal compute | FLOPs | train seconds | FLOPs to teacher - 5 pts | seconds to it |",
-             "|---|---|---|---|---|---|---|"]
+             "| arm | final acc | best acc | acc at equal compute | FLOPs | train seconds | FLOPs to teacher - 5 pts |"
+             " seconds to it |", "|---|---|---|---|---|---|---|---|"]
     for name, c in res["arms"].items():
         f, s = to_reach(c, t - 0.05)
-        lines.append(f"| {name} | {c['accuracy'][-1]:.3f} | {at_budget(c, budget):.3f} | {c['flops'][-1]:.3g} | "
-                     f"{c['seconds'][-1]:.0f} | {'-' if f is None else f'{f:.3g}'} | {'-' if s is None else f'{s:.0f}'} |")
+        lines.append(f"| {name} | {c['accuracy'][-1]:.3f} | {max(c['accuracy']):.3f} | {at_budget(c, budget):.3f} | "
+                     f"{c['flops'][-1]:.3g} | {c['seconds'][-1]:.0f} | {'-' if f is None else f'{f:.3g}'} | "
+                     f"{'-' if s is None else f'{s:.0f}'} |")
     return "\n".join(lines) + "\n"
+
+
+def leaders(res, n=6):
+    "Markdown table: each arm's accuracy at `n` equal-FLOPs budgets up to the smallest arm's total, and the leader."
+    arms, top = res["arms"], min(c["flops"][-1] for c in res["arms"].values())
+    lines = ["| FLOPs | " + " | ".join(arms) + " | leader |", "|---" * (len(arms) + 2) + "|"]
+    for b in [top * (i + 1) / n for i in range(n)]:
+        acc = {k: at_budget(c, b) for k, c in arms.items()}
+        best = max(v for v in acc.values() if v is not None)
+        lead = ", ".join(k for k, v in acc.items() if v == best)
+        lines.append(f"| {b:.3g} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in acc.values()) + f" | {lead} |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(res):
+    "One paragraph: does on-policy distillation reach the teacher within 5 points at <= 1/4 of GRPO's compute?"
+    t, arms = res["teacher_accuracy"], res["arms"]
+    if "opd" not in arms or "grpo" not in arms: return ""
+    fo, fg = to_reach(arms["opd"], t - 0.05)[0], to_reach(arms["grpo"], t - 0.05)[0]
+    if fo is not None and fg is not None:
+        ok = fo <= fg / 4
+        return (f"opd reaches teacher - 5 pts at {fo:.3g} FLOPs, GRPO at {fg:.3g} ({fg / fo:.1f}x as much): the expected "
+                f"shape (opd at <= 1/4 of GRPO's compute) {'holds' if ok else 'does not hold'}.\n")
+    go = max(arms["grpo"]["accuracy"])
+    fo2, fg2 = to_reach(arms["opd"], go)[0], to_reach(arms["grpo"], go)[0]
+    head = (f"opd {'reaches' if fo is not None else 'does not reach'} teacher - 5 pts ({t - 0.05:.3f})"
+            + (f" at {fo:.3g} FLOPs" if fo is not None else f" (best {max(arms['opd']['accuracy']):.3f})")
+            + f"; GRPO {'reaches it' if fg is not None else f'does not (best {go:.3f})'}")
+    if fo is not None: return head + f" in {arms['grpo']['flops'][-1]:.3g} FLOPs: the expected shape holds at least that far.\n"
+    tail = ("" if fo2 is None or fg2 is None or go <= res["student_accuracy"] else
+            f" To GRPO's best ({go:.3f}): opd {fo2:.3g} FLOPs, GRPO {fg2:.3g} ({fg2 / max(fo2, 1):.2f}x as much).")
+    return head + ", so the expected shape is not tested at this size: neither comes within 5 points." + tail + "\n"
 
 
 def plot(res, path):
@@ -162,7 +203,19 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--full", action="store_true"); ap.add_argument("--plot_only", action="store_true")
     ap.add_argument("--arms", default=",".join(ARMS)); ap.add_argument("--out", default=str(HERE / "results_distill.json"))
+    ap.add_argument("--student_acc", type=float, default=None,
+                    help="stop the student's SFT at this held-out accuracy (e.g. 0.15: sometimes right, as RL needs); "
+                         "default: the old start, SFT cut at --student_seconds")
+    ap.add_argument("--student_seconds", type=float, default=None, help="time cap of the student's SFT (default 40, "
+                                                                           "or 900 with --student_acc)")
+    ap.add_argument("--steps", type=int, default=None, help="optimiser steps per RL arm (default 300; --full 1000)")
+    ap.add_argument("--eval_every", type=int, default=None, help="steps between held-out evaluations")
+    ap.add_argument("--eval_size", type=int, default=None, help="held-out prompts per evaluation")
     args = ap.parse_args(argv)
+    if args.student_acc is not None and not 0 < args.student_acc < 1:
+        ap.error(f"--student_acc must be in (0, 1), got {args.student_acc}")
+    for k in ("steps", "eval_every", "eval_size"):
+        if getattr(args, k) is not None and getattr(args, k) < 1: ap.error(f"--{k} must be >= 1, got {getattr(args, k)}")
     out = Path(args.out)
     if args.plot_only:
         res = json.loads(out.read_text())
@@ -173,7 +226,13 @@ def main(argv=None):
         from rlhf_nb.sft import greedy_accuracy
         from rlhf_nb.prep import load_split
         from transformers import AutoModelForCausalLM
-        a = dict(FULL if args.full else SMALL)
+        a = dict(FULL if args.full else SMALL, student_acc=args.student_acc)
+        if args.student_acc is not None: a["student_seconds"] = 900
+        for k in ("student_seconds", "steps", "eval_every", "eval_size"):
+            if getattr(args, k) is not None: a[k] = getattr(args, k)
+        a["command"] = " ".join(["python bench/distill_lab.py", *(sys.argv[1:] if argv is None else argv)])
+        if a["command"] != "python bench/distill_lab.py" + (" --full" if args.full else ""):
+            a["tag"] = f"{a['tag']}_s{a['steps']}" + ("" if args.student_acc is None else f"_acc{round(args.student_acc * 100)}")
         t0 = time.time()
         teacher, student = starts(a)
         tok, held = load_tokenizer(teacher, verbose=False), load_split("arith", "test", n=a["eval_size"], seed=0)[: a["eval_size"]]
@@ -184,13 +243,16 @@ def main(argv=None):
         for name in [n for n in args.arms.split(",") if n != "sft_teacher"]:
             res["arms"][name] = rl_arm(name, a, teacher, student, work)
             print(name, res["arms"][name]["accuracy"], flush=True)
+            out.write_text(json.dumps(res, indent=1))                   # partial results, arm by arm
         if "sft_teacher" in args.arms.split(","):
             budget = res["arms"].get("grpo", next(iter(res["arms"].values())))["flops"][-1]
             res["arms"] = {"sft_teacher": sft_arm(a, teacher, student, budget), **res["arms"]}
         res["seconds"] = round(time.time() - t0, 1)
         out.write_text(json.dumps(res, indent=1))
-    out.with_suffix(".md").write_text("# Distillation lab\n\nCommand: `python bench/distill_lab.py" +
-                                      (" --full" if res["settings"]["tag"] == "full" else "") + "`\n\n" + table(res))
+    cmd = res["settings"].get("command") or "python bench/distill_lab.py" + (" --full" if res["settings"]["tag"] == "full" else "")
+    out.with_suffix(".md").write_text(f"# Distillation lab\n\nCommand: `{cmd}` ({res.get('seconds', 0):.0f} s)\n\n"
+                                      + table(res) + "\nAccuracy at equal FLOPs (the last evaluation at or below each budget):\n\n"
+                                      + leaders(res) + "\n" + verdict(res))
     plot(res, out.with_suffix(".png"))
     print(table(res))
 
