@@ -25,6 +25,15 @@ Partial rollouts, long-tailed lengths (results: bench/results_partial.json and .
 tiny model (it almost never ends a response on its own, so each response runs to its cap; the rewards are 0 and the
 accuracy is not measured); whole-batch arms decode to the longest cap of the batch and cut each row at its own, as a
 static batch does; a row cut at its cap ends with eos in place of its last token. `--partial` adds the arm max_staleness 1 + partial_rollout (chunks of `--chunk` tokens).
+Partial rollouts, accuracy (results: bench/results_partial_acc.json and .md):
+
+    python bench/async_ray.py --partial --chunk 4 --steps 40 --seeds 0,1,2
+
+Without `--lognormal`, `--partial` runs the three arms (synchronous, one-step-off, one-step-off + partial) from the
+SFT start built with a step limit (`bench/_work/sft_arith_steps`, `max_seconds=None, max_steps=1500`, as
+bench/passk.py builds its own: a loaded machine gives the same start), with held-out greedy accuracy at the start and
+the end; with chunks of 4 tokens and
+16-token responses a weight publish lands inside most responses (`async/token_age_1` > 0 in the partial rows).
 """
 from __future__ import annotations
 import argparse, dataclasses, json, os, random, statistics, subprocess, sys, tempfile, time
@@ -138,7 +147,8 @@ def main():
     ap.add_argument("--chunk", type=int, default=8, help="partial_rollout_chunk of the partial arm")
     a = ap.parse_args()
     if a.arm: print("ARM " + json.dumps(arm(**json.loads(a.arm))), flush=True); return
-    if a.partial or a.lognormal: return main_partial(a)
+    if a.lognormal: return main_partial(a)
+    if a.partial: return main_partial_acc(a)
     from rlhf_nb.sft import sft_warm_start
     sft = str(sft_warm_start(str(HERE / "_work/sft_arith"), seed=0, progress=False))
     load0, t0 = os.getloadavg()[0], time.time()
@@ -203,6 +213,47 @@ def main_partial(a):
           "Per-seed range of step_s: " + "; ".join(f"{n} {min(x):.2f}-{max(x):.2f} s" for n, x in
                                                    ((n, [r["step_s"] for r in rows if r["arm"] == n]) for n, *_ in ARMS)) + "."]
     (HERE / "results_partial.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+def main_partial_acc(a):
+    "The three arms from the SFT start at equal steps: held-out accuracy at the start and end, seconds per step."
+    from rlhf_nb.sft import sft_warm_start
+    sft = str(sft_warm_start(str(HERE / "_work/sft_arith_steps"), seed=0, max_seconds=None, max_steps=1500, progress=False))
+    info = json.loads((Path(sft) / "sft_info.json").read_text())  # a step limit, not a time limit: the same start on any machine
+    load0, t0, rows = os.getloadavg()[0], time.time(), []
+    for seed in a.seeds.split(","):
+        for name, s, partial in ARMS:
+            r = run_arm(staleness=s, steps=a.steps, seed=int(seed), sft_dir=sft, objective=a.objective, partial=partial, chunk=a.chunk)
+            rows.append({"arm": name, **r}); print(json.dumps(rows[-1]), flush=True)
+    pick = lambda n, k: [r[k] for r in rows if r["arm"] == n]
+    summary = [{"arm": n, "acc_start_mean": statistics.mean(pick(n, "acc_start")), "acc_final_mean": statistics.mean(pick(n, "acc_final")),
+                "acc_final_min": min(pick(n, "acc_final")), "acc_final_max": max(pick(n, "acc_final")),
+                "step_s_mean": statistics.mean(pick(n, "step_s")), "step_s_median": statistics.median(pick(n, "step_s"))} for n, *_ in ARMS]
+    by = {r["arm"]: r for r in summary}
+    diff = 100 * (by["one-step-off + partial"]["acc_final_mean"] - by["synchronous"]["acc_final_mean"])
+    diff_off = 100 * (by["one-step-off"]["acc_final_mean"] - by["synchronous"]["acc_final_mean"])
+    spread = {n: 100 * (by[n]["acc_final_max"] - by[n]["acc_final_min"]) for n in by}
+    res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "load_before": load0, "load_after": os.getloadavg()[0],
+           "wall_s": time.time() - t0, "args": vars(a), "sft_start": {k: info.get(k) for k in ("steps", "final_accuracy", "settings")},
+           "rows": rows, "summary": summary, "acc_diff_points_partial": diff,
+           "acc_diff_points_one_step_off": diff_off, "acc_final_spread_points": spread, "within_3_points": abs(diff) <= 3}
+    (HERE / "results_partial_acc.json").write_text(json.dumps(res, indent=1))
+    cmd = f"python bench/async_ray.py --partial --chunk {a.chunk} --steps {a.steps} --seeds {a.seeds} --objective {a.objective}"
+    md = [f"# Partial rollouts on the Ray split: held-out accuracy at equal steps ({res['date']}, {res['cpus']} CPUs)", "",
+          f"`{cmd}`: {a.steps} GRPO steps per arm (the first {WARMUP} not timed), 16 prompts x 8 completions x 16 tokens, the ~1M "
+          f"demo model from a step-limited SFT start (`bench/_work/sft_arith_steps`: {info['steps']} SFT steps, "
+          f"accuracy {info['final_accuracy']:.3f} on its own 500 held-out prompts), held-out greedy accuracy on 256 prompts at the start and the end; "
+          f"pools trainer=1, sampler=1 (one CPU each), every arm in the same run; the partial arm decodes in chunks of {a.chunk} "
+          f"tokens. Load before / after: {load0:.2f} / {res['load_after']:.2f}; wall {res['wall_s']:.0f} s.", "",
+          table(rows, ["arm", "objective", "seed", "acc_start", "acc_final", "step_s", "trainer_wait_s", "sampler_wait_s",
+                       "staleness_max", "async/token_age_0", "async/token_age_1"]), "",
+          "## Over seeds", "",
+          table(summary, ["arm", "acc_start_mean", "acc_final_mean", "acc_final_min", "acc_final_max", "step_s_mean", "step_s_median"]), "",
+          f"Final held-out accuracy, mean over seeds: one-step-off + partial minus synchronous = **{diff:+.1f} points** "
+          f"({'within' if abs(diff) <= 3 else 'not within'} 3 points); one-step-off minus synchronous = {diff_off:+.1f} points. "
+          "Seed spread of the final accuracy (max - min): " + "; ".join(f"{n} {v:.1f} points" for n, v in spread.items()) + "."]
+    (HERE / "results_partial_acc.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
 
