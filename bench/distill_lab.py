@@ -214,6 +214,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="optimiser steps per RL arm (default 300; --full 1000)")
     ap.add_argument("--eval_every", type=int, default=None, help="steps between held-out evaluations")
     ap.add_argument("--eval_size", type=int, default=None, help="held-out prompts per evaluation")
+    ap.add_argument("--learning_rate", type=float, default=None, help="the RL arms' learning rate (default 5e-4)")
     args = ap.parse_args(argv)
     if args.student_acc is not None and not 0 < args.student_acc < 1:
         ap.error(f"--student_acc must be in (0, 1), got {args.student_acc}")
@@ -230,6 +231,9 @@ def main(argv=None):
         from rlhf_nb.prep import load_split
         from transformers import AutoModelForCausalLM
         a = dict(FULL if args.full else SMALL, student_acc=args.student_acc)
+        if args.learning_rate is not None:
+            if args.learning_rate <= 0: ap.error(f"--learning_rate must be > 0, got {args.learning_rate}")
+            BATCH["learning_rate"] = args.learning_rate
         if args.student_acc is not None: a["student_seconds"] = 900
         for k in ("student_seconds", "steps", "eval_every", "eval_size"):
             if getattr(args, k) is not None: a[k] = getattr(args, k)
@@ -237,7 +241,8 @@ def main(argv=None):
         given = [x for i, x in enumerate(given) if x != "--out" and (i == 0 or given[i - 1] != "--out")]
         a["command"] = " ".join(["python bench/distill_lab.py", *given])
         if a["command"] != "python bench/distill_lab.py" + (" --full" if args.full else ""):
-            a["tag"] = f"{a['tag']}_s{a['steps']}" + ("" if args.student_acc is None else f"_acc{round(args.student_acc * 100)}")
+            a["tag"] = (f"{a['tag']}_s{a['steps']}" + ("" if args.student_acc is None else f"_acc{round(args.student_acc * 100)}")
+                        + ("" if args.learning_rate is None else f"_lr{args.learning_rate:g}"))
         t0 = time.time()
         teacher, student = starts(a)
         tok, held = load_tokenizer(teacher, verbose=False), load_split("arith", "test", n=a["eval_size"], seed=0)[: a["eval_size"]]
@@ -257,7 +262,8 @@ def main(argv=None):
     cmd = res["settings"].get("command") or "python bench/distill_lab.py" + (" --full" if res["settings"]["tag"] == "full" else "")
     out.with_suffix(".md").write_text(f"# Distillation lab\n\nCommand: `{cmd}` ({res.get('seconds', 0):.0f} s)\n\n"
                                       + table(res) + "\nAccuracy at equal FLOPs (the last evaluation at or below each budget):\n\n"
-                                      + leaders(res) + "\n" + verdict(res))
+                                      + leaders(res) + "\n" + verdict(res)
+                                      + "".join(f"\n{n}\n" for n in res.get("notes", [])))
     plot(res, out.with_suffix(".png"))
     print(table(res))
 
