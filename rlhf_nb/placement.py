@@ -214,7 +214,9 @@ def start_ray(address=None, num_cpus=None):
     "Join the Ray cluster at `address`, or start a local one with `num_cpus` CPUs (once per process); -> the ray module."
     ray = require_ray()
     if not ray.is_initialized():
-        kw = {"address": address} if address else {"num_cpus": num_cpus, "include_dashboard": False}
+        # "local": a cluster of its own, even when another one (`ray start`, a test's) runs on this host and would be
+        # joined by a bare ray.init() (which then refuses num_cpus)
+        kw = {"address": address} if address else {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
         ray.init(**kw, log_to_driver=False)
     return ray
 
