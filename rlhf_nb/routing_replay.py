@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from .config import ConfigError
+from .models import _seeded_init
 from .workers import ActorRolloutWorker
 from .rollout_corr import check_rollout_corr_args
 
@@ -25,9 +26,7 @@ def tiny_moe_causal_lm(tokenizer, seed=0, **overrides) -> Qwen3MoeForCausalLM:
               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=4,
               num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, max_position_embeddings=512,
               tie_word_embeddings=True, pad_token_id=pad, eos_token_id=eos, bos_token_id=tokenizer.bos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**kw, **overrides}))
+    model = _seeded_init(Qwen3MoeForCausalLM, Qwen3MoeConfig(**{**kw, **overrides}), seed)
     model.generation_config.pad_token_id, model.generation_config.eos_token_id = pad, eos
     return model
 

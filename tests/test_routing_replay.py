@@ -8,18 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlhf_nb import launch
 import rlhf_nb.routing_replay as rr
 from rlhf_nb.models import char_tokenizer
 
-TINY = ["--max_steps", "2", "--num_generations", "4", "--per_device_train_batch_size", "4", "--max_completion_length", "8",
-        "--arith_train_size", "64", "--eval_steps", "0", "--disable_tqdm", "true"]
-
-
-def run(capsys, monkeypatch, tmp_path, *args):
-    monkeypatch.delenv("RLHF_NB_DEBUG", raising=False); monkeypatch.chdir(tmp_path); capsys.readouterr()
-    rc = launch.main(["grpo", *TINY, *args])
-    return rc, capsys.readouterr().err
+from test_rollout_corr import TINY, run           # the same 2-step GRPO run through launch.main
 
 
 @contextmanager
