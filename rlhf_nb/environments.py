@@ -10,9 +10,9 @@ from .data import DataError, Splits
 from .rewards import register_reward, reasoning_gym_reward
 
 # %% auto #0
-__all__ = ['RG_DATA_SOURCE', 'ENV_DATA_SOURCE', 'parse_tasks', 'prep_reasoning_gym', 'EnvTimeout', 'tool_method',
-           'observation_text', 'OpenEnvAdapter', 'openenv_environment', 'VerifiersAdapter', 'environment_reward',
-           'verifiers_environment', 'verifiers_rows']
+__all__ = ['RG_DATA_SOURCE', 'RG_EXACT_DATA_SOURCE', 'ENV_DATA_SOURCE', 'parse_tasks', 'prep_reasoning_gym', 'EnvTimeout',
+           'tool_method', 'observation_text', 'OpenEnvAdapter', 'openenv_environment', 'VerifiersAdapter',
+           'environment_reward', 'verifiers_environment', 'verifiers_rows']
 
 # %% ../nbs/01fu_env_adapters.ipynb #72ea6603
 def _reasoning_gym():
@@ -48,7 +48,7 @@ def parse_tasks(spec):
     return out
 
 # %% ../nbs/01fu_env_adapters.ipynb #a69096d2
-RG_DATA_SOURCE = "reasoning_gym"
+RG_DATA_SOURCE, RG_EXACT_DATA_SOURCE = "reasoning_gym", "reasoning_gym_exact"   # verifier score; 1 only at full credit
 
 def _rg_entries(name, cfg, n, seed):
     "`n` entries of task `name` with config `cfg`, generated from `seed`."
@@ -56,10 +56,10 @@ def _rg_entries(name, cfg, n, seed):
     except (TypeError, ValueError, AssertionError) as e: raise ConfigError(f"--task {name}: its config is refused: {e}") from None
     return [ds[i] for i in range(n)]
 
-def _rg_row(name, entry, split, i):
+def _rg_row(name, entry, split, i, data_source=RG_DATA_SOURCE):
     "One verl row of a reasoning-gym entry."
     answer = str(entry["answer"])
-    return {"data_source": RG_DATA_SOURCE, "prompt": [{"role": "user", "content": entry["question"]}], "ability": "reasoning",
+    return {"data_source": data_source, "prompt": [{"role": "user", "content": entry["question"]}], "ability": "reasoning",
             "reward_model": {"style": "rule", "ground_truth": answer}, "completion": f"#### {answer}",
             "extra_info": {"split": split, "index": i, "task": name, "entry": json.dumps(entry, default=str)}}
 
@@ -70,7 +70,7 @@ def _interleave(groups):
     return out
 
 # %% ../nbs/01fu_env_adapters.ipynb #e220badf
-def prep_reasoning_gym(task, n=1000, n_test=200, seed=0):
+def prep_reasoning_gym(task, n=1000, n_test=200, seed=0, exact_match=False):
     "reasoning-gym tasks `task` ('a,b:key=value') as Splits: `n` train rows and up to `n_test` test rows, tasks mixed."
     tasks = parse_tasks(task)
     if n < len(tasks) or n_test < 0:
@@ -83,8 +83,9 @@ def prep_reasoning_gym(task, n=1000, n_test=200, seed=0):
         te = [e for e in (_rg_entries(name, cfg, share(n_test, j), seed + 1_000_003) if share(n_test, j) else []) if e["question"] not in seen]
         if len(te) < share(n_test, j): notes.append(f"{name}: dropped {share(n_test, j) - len(te)} test questions also in train")
         train.append([(name, e) for e in tr]); test.append([(name, e) for e in te])
-    splits = Splits(train=[_rg_row(t, e, "train", i) for i, (t, e) in enumerate(_interleave(train))],
-                    test=[_rg_row(t, e, "test", i) for i, (t, e) in enumerate(_interleave(test))], notes=notes)
+    src = RG_EXACT_DATA_SOURCE if exact_match else RG_DATA_SOURCE      # exact_match: no partial credit in the reward
+    splits = Splits(train=[_rg_row(t, e, "train", i, src) for i, (t, e) in enumerate(_interleave(train))],
+                    test=[_rg_row(t, e, "test", i, src) for i, (t, e) in enumerate(_interleave(test))], notes=notes)
     if not splits["test"]: del splits["test"]
     for rows in splits.values(): _check_verifiers(rows)
     return splits

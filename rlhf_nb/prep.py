@@ -123,6 +123,9 @@ def _prep_parser():
     p.add_argument("--task", help="reasoning_gym: task names, comma separated, each optionally with config settings "
                                   "(chain_sum:max_terms=2:max_digits=1,spell_backward)")
     p.add_argument("--n", type=int, help="reasoning_gym: train rows, shared evenly by the tasks (test rows: --n_test)")
+    p.add_argument("--exact_match", "--exact-match", action="store_true", default=None,
+                   help="reasoning_gym: reward 1 only for an answer the task's verifier fully accepts (data_source "
+                        "reasoning_gym_exact); default: the verifier's score, partial credit included")
     p.add_argument("--seed", type=int, help="seed for arith generation and subsets (default 0)")
     p.add_argument("--digits", type=int, help="arith: digits per operand")
     p.add_argument("--ops", help="arith: operators to draw from, e.g. '+-*'")

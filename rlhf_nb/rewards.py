@@ -20,10 +20,10 @@ logger = logging.getLogger("rlhf_nb.rewards")
 __all__ = ['logger', 'GSM8K_TAIL_CHARS', 'REWARD_REGISTRY', 'parse_number', 'extract_gsm8k_answer', 'gsm8k_score',
            'UnknownRewardError', 'register_reward', 'get_reward_fn', 'compute_score', 'gsm8k_strict_reward',
            'gsm8k_flexible_reward', 'normalize_math_answer', 'math_score', 'math_reward', 'hellaswag_score',
-           'final_answer', 'reasoning_gym_reward', 'ends_with_answer_reward', 'boxed_format_reward', 'length_penalty',
-           'combine_rewards', 'explain_reward', 'messages_from_prompt_text', 'ModelReward', 'pad_right', 'score_ids',
-           'RewardManager', 'batch_decode_fast', 'as_reward_fields', 'call_with_timeout', 'last_token_scores',
-           'completion_text', 'trl_reward_func', 'trl_model_reward_func']
+           'final_answer', 'reasoning_gym_reward', 'reasoning_gym_exact_reward', 'ends_with_answer_reward',
+           'boxed_format_reward', 'length_penalty', 'combine_rewards', 'explain_reward', 'messages_from_prompt_text',
+           'ModelReward', 'pad_right', 'score_ids', 'RewardManager', 'batch_decode_fast', 'as_reward_fields',
+           'call_with_timeout', 'last_token_scores', 'completion_text', 'trl_reward_func', 'trl_model_reward_func']
 
 # %% ../nbs/01_rewards.ipynb #3a168115
 GSM8K_TAIL_CHARS = 300  # only this many trailing characters are scanned (verl's _SOLUTION_CLIP_CHARS)
@@ -189,6 +189,12 @@ def reasoning_gym_reward(solution_str, ground_truth=None, extra_info=None):
     fn = _rg_verifier(task)
     try: return float(fn(final_answer(solution_str), entry))
     except Exception as e: raise ValueError(f"the verifier of reasoning-gym task {task!r} raised {type(e).__name__}: {e}") from None
+
+# %% ../nbs/01_rewards.ipynb #5b9b1e3a
+@register_reward("reasoning_gym_exact")
+def reasoning_gym_exact_reward(solution_str, ground_truth=None, extra_info=None):
+    "1.0 when the task's own verifier gives full credit, else 0.0 (reasoning-gym rows without partial credit)."
+    return float(reasoning_gym_reward(solution_str, ground_truth, extra_info) >= 1.0)
 
 # %% ../nbs/01_rewards.ipynb #eaebbd36
 _ENDS_WITH_ANSWER_RE = re.compile(r"####[ \t]*-?[ \t]*\$?[ \t]*(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?\.?\s*$")

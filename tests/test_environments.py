@@ -58,6 +58,22 @@ def test_grpo_two_steps_from_the_cli(rg_data, tmp_path, capsys):
     assert max(s["step"] for s in steps) == 2
 
 
+def test_prep_exact_match_rows(tmp_path):
+    "--exact_match: the same questions under data_source reasoning_gym_exact, whose reward has no partial credit."
+    import io, contextlib
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert launch.main(["prep", "reasoning_gym", "--task", TASKS, "--n", "6", "--n_test", "0", "--seed", "3",
+                            "--exact_match", "--out", str(tmp_path / "x")]) == 0
+    rows = read_rows(tmp_path / "x" / "train.parquet", "rl")
+    assert {r["data_source"] for r in rows} == {"reasoning_gym_exact"}
+    r = next(r for r in rows if r["extra_info"]["task"] == "chain_sum")
+    gt = r["reward_model"]["ground_truth"]
+    assert 0 < compute_score("reasoning_gym", f"#### 1{gt}", gt, r["extra_info"]) < 1         # the verifier's partial credit
+    assert compute_score("reasoning_gym_exact", f"#### 1{gt}", gt, r["extra_info"]) == 0.0
+    assert compute_score("reasoning_gym_exact", f"#### {gt}", gt, r["extra_info"]) == 1.0
+    assert json.loads((tmp_path / "x" / "prep.json").read_text())["options"]["exact_match"] is True
+
+
 @pytest.mark.parametrize("argv, line", [
     (["--task", "spell_backwards"], "--task: unknown reasoning-gym task 'spell_backwards'; did you mean 'spell_backward'?"),
     (["--task", "chain_sum:max_term=2"], "--task chain_sum: setting 'max_term=2' is not key=value with a key of chain_sum's config"),
