@@ -89,7 +89,8 @@ def main(argv=None):
         warm = calc_warm_start(WORK / "warm", n_demos=cfg["warm_start_demos"], steps=cfg["warm_start_steps"], seed=a.seed)
         res["settings"] = {k: getattr(a, k) for k in ("steps", "eval_steps", "eval_size", "seed")}
         for name in ([a.only] if a.only else list(ARMS)):
-            res["arms"][name] = run_arm(name, warm, a)
+            arm = run_arm(name, warm, a)
+            res["arms"] = {**(json.loads(out.read_text())["arms"] if out.exists() else {}), name: arm}   # an arm run beside this one keeps its result
             out.write_text(json.dumps(res, indent=1))
     write_table(res, HERE / "results_blackbox_agent.md")
     out.write_text(json.dumps(res, indent=1))
