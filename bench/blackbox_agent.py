@@ -2,6 +2,7 @@
 start, with the same seed and the same number of steps.
 
     python bench/blackbox_agent.py                       # full size: 48 steps, held-out eval of 200 problems every 8
+    python bench/blackbox_agent.py --steps 24 --seeds 0 1 2      # three RL seeds from the one warm start; the means compared
     python bench/blackbox_agent.py --steps 16 --eval_steps 8 --eval_size 100      # a small run
     python bench/blackbox_agent.py --only blackbox       # one arm (builtin | blackbox); the other is read back from the json
     python bench/blackbox_agent.py --report              # rewrite the table from the json
@@ -12,7 +13,9 @@ written as a plain function that talks to the policy with the `openai` SDK throu
 `rlhf_nb.endpoint`, and returns the task's reward. Both start from one warm start on the calculator demonstrations
 (`calc_warm_start`, as `bench/tool_use.py` builds it), run exactly `--steps` steps (no time budget) and evaluate greedily
 on the same held-out problems (`make_calc`'s test split), each through its own agent. The result: the held-out
-accuracy of each arm at every evaluation and the largest gap between them (the target: within 5 points).
+accuracy of each arm at every evaluation and the largest gap between them (the target: within 5 points). With several
+`--seeds` (each seed: the RL run's sampling and data order; the warm start is seed 0's for all), the gap is taken
+between the arms' mean curves, and each seed's own gap is listed beside the gap between two seeds of the same arm.
 Results: bench/results_blackbox_agent.{json,md}.
 """
 from __future__ import annotations
@@ -42,7 +45,7 @@ def arm_config(name, warm, a):
 
 def run_arm(name, warm, a):
     "Run one arm in a fresh folder; -> its summary (seconds, evaluation curve, reward curve)."
-    folder = WORK / name
+    folder = WORK / f"seed{a.seed}" / name
     shutil.rmtree(folder, ignore_errors=True); folder.mkdir(parents=True)
     (folder / "run.yaml").write_text(yaml.safe_dump(arm_config(name, warm, a)))
     env = {**os.environ, "OMP_NUM_THREADS": "2", "RLHF_NB_CACHE": str(WORK / "cache")}
@@ -59,39 +62,71 @@ def run_arm(name, warm, a):
             "agent_failures": sum(r.get("agent/failures", 0) for r in m)}
 
 
+def max_gap(x, y):
+    "Largest |x - y| in points over the steps both evaluation curves share."
+    same = dict(y)
+    gaps = [abs(acc - same[s]) for s, acc in x if s in same]
+    return round(100 * max(gaps), 1) if gaps else None
+
+
+def mean_curve(curves):
+    "The pointwise mean of evaluation curves at the steps all of them share."
+    steps = sorted(set.intersection(*[{s for s, _ in c} for c in curves]))
+    return [(s, sum(dict(c)[s] for c in curves) / len(curves)) for s in steps]
+
+
 def write_table(res, path):
-    lines = ["| arm | steps | seconds | held-out accuracy at start | at end | eval curve (step: accuracy) |", "|---|---|---|---|---|---|"]
-    for k, r in res["arms"].items():
-        curve = ", ".join(f"{s}: {acc:.3f}" for s, acc in r["eval"])
-        lines.append(f"| {k}: {ARMS[k]} | {r['steps']} | {r['seconds']:.0f} | {r['start_accuracy']:.3f} | {r['final_accuracy']:.3f} | {curve} |")
-    if {"builtin", "blackbox"} <= set(res["arms"]):
-        b, x = res["arms"]["builtin"], res["arms"]["blackbox"]
-        same = {s: acc for s, acc in b["eval"]}
-        gaps = [abs(acc - same[s]) for s, acc in x["eval"] if s in same]
-        res["max_gap_points"] = round(100 * max(gaps), 1) if gaps else None
-        lines += ["", f"Largest gap in held-out accuracy at equal steps: {res['max_gap_points']} points "
-                  f"(target: within 5). Gain over the start: built-in {100 * (b['final_accuracy'] - b['start_accuracy']):+.1f}, "
-                  f"black-box {100 * (x['final_accuracy'] - x['start_accuracy']):+.1f} points. Settings: {res['settings']}."]
+    lines = ["| seed | arm | steps | seconds | held-out accuracy at start | at end | eval curve (step: accuracy) |", "|---|---|---|---|---|---|---|"]
+    runs = {k: v for k, v in sorted(res["runs"].items(), key=lambda kv: int(kv[0])) if {"builtin", "blackbox"} <= set(v["arms"])}
+    for seed, run in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
+        for k, r in run["arms"].items():
+            curve = ", ".join(f"{s}: {acc:.3f}" for s, acc in r["eval"])
+            lines.append(f"| {seed} | {k}: {ARMS[k]} | {r['steps']} | {r['seconds']:.0f} | {r['start_accuracy']:.3f} | {r['final_accuracy']:.3f} | {curve} |")
+    if runs:
+        means = {k: mean_curve([run["arms"][k]["eval"] for run in runs.values()]) for k in ARMS}
+        res["max_gap_points"] = max_gap(means["blackbox"], means["builtin"])
+        res["seed_gaps_points"] = {seed: max_gap(run["arms"]["blackbox"]["eval"], run["arms"]["builtin"]["eval"]) for seed, run in runs.items()}
+        seeds = list(runs)
+        res["same_arm_gaps_points"] = {f"builtin {a} vs {b}": max_gap(runs[a]["arms"]["builtin"]["eval"], runs[b]["arms"]["builtin"]["eval"])
+                                       for i, a in enumerate(seeds) for b in seeds[i + 1:]}
+        lines += ["", "| mean over seeds " + ", ".join(seeds) + " (columns: step) | " + " | ".join(f"{s}" for s, _ in means["builtin"]) + " |",
+                  "|---|" + "---|" * len(means["builtin"])]
+        lines += [f"| {k} | " + " | ".join(f"{acc:.3f}" for _, acc in means[k]) + " |" for k in ARMS]
+        b, x = means["builtin"], means["blackbox"]
+        lines += ["", f"Largest gap between the arms' mean held-out accuracy at equal steps: **{res['max_gap_points']} points** "
+                  f"(target: within 5). Gain over the start (means): built-in {100 * (b[-1][1] - b[0][1]):+.1f}, black-box "
+                  f"{100 * (x[-1][1] - x[0][1]):+.1f} points. Largest gap per seed: "
+                  + ", ".join(f"seed {k}: {v}" for k, v in res["seed_gaps_points"].items())
+                  + (". Between two seeds of the built-in arm (run-to-run noise): " + ", ".join(f"{k}: {v}" for k, v in res["same_arm_gaps_points"].items()) if res["same_arm_gaps_points"] else "")
+                  + f" points. Settings: {res['settings']}."]
     path.write_text("\n".join(lines) + "\n")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=48); p.add_argument("--eval_steps", type=int, default=8)
-    p.add_argument("--eval_size", type=int, default=200); p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval_size", type=int, default=200); p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--only", choices=list(ARMS)); p.add_argument("--report", action="store_true")
     a = p.parse_args(argv)
     out = HERE / "results_blackbox_agent.json"
-    res = json.loads(out.read_text()) if out.exists() else {"arms": {}}
+    res = json.loads(out.read_text()) if out.exists() else {}
+    res.setdefault("runs", {})
     if not a.report:
         from rlhf_nb.agents import calc_warm_start
         cfg = yaml.safe_load((ROOT / "configs" / "grpo_calc.yaml").read_text())
-        warm = calc_warm_start(WORK / "warm", n_demos=cfg["warm_start_demos"], steps=cfg["warm_start_steps"], seed=a.seed)
-        res["settings"] = {k: getattr(a, k) for k in ("steps", "eval_steps", "eval_size", "seed")}
-        for name in ([a.only] if a.only else list(ARMS)):
-            arm = run_arm(name, warm, a)
-            res["arms"] = {**(json.loads(out.read_text())["arms"] if out.exists() else {}), name: arm}   # an arm run beside this one keeps its result
-            out.write_text(json.dumps(res, indent=1))
+        warm = calc_warm_start(WORK / "warm", n_demos=cfg["warm_start_demos"], steps=cfg["warm_start_steps"], seed=0)
+        settings = {k: getattr(a, k) for k in ("steps", "eval_steps", "eval_size")}
+        if res.get("settings") != settings: res["runs"] = {}                  # results of other settings are not compared
+        res["settings"] = settings
+        for seed in a.seeds:
+            a.seed = seed
+            for name in ([a.only] if a.only else list(ARMS)):
+                arm = run_arm(name, warm, a)
+                old = json.loads(out.read_text()) if out.exists() else {}
+                runs = old.get("runs", {}) if old.get("settings") == settings else {}      # arms run beside this one keep theirs
+                runs.setdefault(str(seed), {"arms": {}})["arms"][name] = arm
+                res["runs"] = runs
+                out.write_text(json.dumps(res, indent=1))
     write_table(res, HERE / "results_blackbox_agent.md")
     out.write_text(json.dumps(res, indent=1))
     print((HERE / "results_blackbox_agent.md").read_text())
