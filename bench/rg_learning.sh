@@ -4,6 +4,7 @@
 #   bash bench/rg_learning.sh                        # full size: SFT up to 2100 s (padding-free), GRPO 900 s (15 minutes)
 #   SFT_SECONDS=60 RL_SECONDS=60 bash bench/rg_learning.sh   # a quick check of the commands
 #   TASKS=chain_sum:max_terms=2:max_digits=1,letter_counting:max_words=3 RESULT=runs/x.json bash bench/rg_learning.sh
+#   SEED=1 OUT=runs/rg_seed1 RESULT=runs/rg_seed1.json bash bench/rg_learning.sh   # another seed of SFT and GRPO (same data)
 # The SFT start stops at SFT_TARGET held-out accuracy (0.45: letter_counting's most common answer alone is right on ~0.7
 # of its questions, so the mix reaches 0.45 once about a fifth of the sums are right: a policy RL can sharpen) or after
 # SFT_SECONDS; the rows are prepared with --exact_match, so RL's reward is 1 only for a fully correct answer (the
@@ -18,7 +19,7 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
 python -m rlhf_nb.launch prep reasoning_gym --task "$TASKS" --n 6000 --n_test "${N_TEST:-1200}" --seed 0 --exact_match --out "$OUT/data"
 python -m rlhf_nb.launch sft --dataset "$OUT/data" --n_train 6000 --output_dir "$OUT/sft" --max_seconds "$SFT_SECONDS" --max_steps 20000 --padding_free \
-    --target_accuracy "${SFT_TARGET:-0.45}" --eval_steps 50 --eval_size 200 | tee "$OUT/sft_summary.json"
+    --target_accuracy "${SFT_TARGET:-0.45}" --eval_steps 50 --eval_size 200 --seed "${SEED:-0}" | tee "$OUT/sft_summary.json"
 python -m rlhf_nb.launch grpo --config configs/grpo_reasoning_gym.yaml --model_name_or_path "$OUT/sft" --dataset "$OUT/data" \
-    --output_dir "$OUT/grpo" --max_seconds "$RL_SECONDS" | tee "$RESULT"
+    --output_dir "$OUT/grpo" --max_seconds "$RL_SECONDS" --seed "${SEED:-0}" | tee "$RESULT"
 RESULT="$RESULT" OUT="$OUT" TASKS="$TASKS" LOAD0="$LOAD0" SFT_SECONDS="$SFT_SECONDS" RL_SECONDS="$RL_SECONDS" python bench/rg_learning_report.py
