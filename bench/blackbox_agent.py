@@ -77,8 +77,9 @@ def mean_curve(curves):
 
 def write_table(res, path):
     lines = ["| seed | arm | steps | seconds | held-out accuracy at start | at end | eval curve (step: accuracy) |", "|---|---|---|---|---|---|---|"]
-    runs = {k: v for k, v in sorted(res["runs"].items(), key=lambda kv: int(kv[0])) if {"builtin", "blackbox"} <= set(v["arms"])}
-    for seed, run in sorted(res["runs"].items(), key=lambda kv: int(kv[0])):
+    ordered = dict(sorted(res["runs"].items(), key=lambda kv: int(kv[0])))
+    runs = {k: v for k, v in ordered.items() if {"builtin", "blackbox"} <= set(v["arms"])}           # seeds with both arms
+    for seed, run in ordered.items():
         for k, r in run["arms"].items():
             curve = ", ".join(f"{s}: {acc:.3f}" for s, acc in r["eval"])
             lines.append(f"| {seed} | {k}: {ARMS[k]} | {r['steps']} | {r['seconds']:.0f} | {r['start_accuracy']:.3f} | {r['final_accuracy']:.3f} | {curve} |")
@@ -116,14 +117,13 @@ def main(argv=None):
         cfg = yaml.safe_load((ROOT / "configs" / "grpo_calc.yaml").read_text())
         warm = calc_warm_start(WORK / "warm", n_demos=cfg["warm_start_demos"], steps=cfg["warm_start_steps"], seed=0)
         settings = {k: getattr(a, k) for k in ("steps", "eval_steps", "eval_size")}
-        if res.get("settings") != settings: res["runs"] = {}                  # results of other settings are not compared
         res["settings"] = settings
         for seed in a.seeds:
             a.seed = seed
             for name in ([a.only] if a.only else list(ARMS)):
                 arm = run_arm(name, warm, a)
                 old = json.loads(out.read_text()) if out.exists() else {}
-                runs = old.get("runs", {}) if old.get("settings") == settings else {}      # arms run beside this one keep theirs
+                runs = old.get("runs", {}) if old.get("settings") == settings else {}      # arms run beside this one keep theirs; other settings' results are dropped
                 runs.setdefault(str(seed), {"arms": {}})["arms"][name] = arm
                 res["runs"] = runs
                 out.write_text(json.dumps(res, indent=1))
