@@ -23,6 +23,7 @@ class LocalCluster:
         self.cluster = Cluster(initialize_head=True, head_node_args=dict(
             num_cpus=cpus, resources={head: 1}, include_dashboard=False, _system_config=system_config))
         self.nodes = {head: self.cluster.head_node}
+        self.env = {"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE") or "disabled"}   # the mode the nodes run under
         for name, n in rest: self.add(name, n)
 
     @property

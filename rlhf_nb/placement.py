@@ -217,8 +217,22 @@ def start_ray(address=None, num_cpus=None):
         # "local": a cluster of its own, even when another one (`ray start`, a test's) runs on this host and would be
         # joined by a bare ray.init() (which then refuses num_cpus)
         kw = {"address": address} if address else {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
-        ray.init(**kw, log_to_driver=False)
+        try: ray.init(**kw, log_to_driver=False)
+        except ConnectionError as e:
+            if address and _token_refused(e): raise ConfigError(_token_message(address)) from None
+            raise
     return ray
+
+def _token_refused(e):
+    "Did Ray refuse to connect because of the cluster's token authentication? (its reason is in the cause's text)"
+    return any(k in str(x) for x in (e, e.__cause__) for k in ("InvalidAuthToken", "AuthenticationError"))
+
+def _token_message(address):
+    mode = os.environ.get("RAY_AUTH_MODE", "unset")
+    fix = ("set RAY_AUTH_MODE=token in this process's environment" if mode != "token" else
+           "this process's token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is not the cluster's")
+    return (f"the Ray cluster at {address} asks for an authentication token and this process (RAY_AUTH_MODE {mode}) "
+            f"gave none it accepts: {fix}; Ray never turns tokens on by itself when it is given an address")
 
 def _free_port():
     with socket.socket() as s: s.bind(("", 0)); return s.getsockname()[1]

@@ -33,7 +33,11 @@ NODES = {"ppo": ["--resource_pools", "actor_pool=2@node_a,critic_pool=2@node_b",
 
 @pytest.fixture(scope="module")
 def cluster():
-    "Two nodes for the module; at the end every process of the cluster must be gone."
+    """Two nodes for the module; at the end every process of the cluster must be gone. A local cluster is started and
+    stopped first, as an earlier test in this process may have done: Ray then turns token authentication on for every
+    cluster this process starts, and the runs below must join with the cluster's `env` (without it they are refused)."""
+    from rlhf_nb.placement import start_ray
+    if "RAY_AUTH_MODE" not in os.environ: start_ray(None, 1).shutdown()
     c = LocalCluster({"node_a": 4, "node_b": 4})
     yield c
     left = c.shutdown()
@@ -44,8 +48,10 @@ def cli(algo, out, *extra):
     return [sys.executable, str(WORKER), "--", algo, "--output_dir", str(out), *map(str, ARGS[algo] + COMMON), *map(str, extra)]
 
 
-def start(cmd, prefix=()):
-    return subprocess.Popen([*prefix, *cmd], env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+def start(cmd, prefix=(), cluster=None):
+    "A worker subprocess; one that joins `cluster` runs with its authentication mode."
+    env = {**ENV, **(cluster.env if cluster else {})}
+    return subprocess.Popen([*prefix, *cmd], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def ok(p):
@@ -65,13 +71,26 @@ def differ(a, b, tol=1e-5):
             and x.get(k) != y.get(k)]
 
 
+def test_a_run_without_the_clusters_token_mode_is_refused_in_one_line(cluster, tmp_path):
+    """The cluster asks for a token; a run that joins it with RAY_AUTH_MODE unset is refused by Ray. The CLI says which
+    setting to change in one line, exit status 2 (the tests below join with the cluster's `env`)."""
+    if cluster.env["RAY_AUTH_MODE"] != "token": pytest.skip("this cluster runs without token authentication")
+    env = {k: v for k, v in ENV.items() if k != "RAY_AUTH_MODE"}
+    cmd = cli("grpo", tmp_path / "ray", "--max_steps", 1, "--placement", "ray", "--ray_address", cluster.address, *NODES["grpo"])
+    p = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    errors = [l for l in p.stderr.splitlines() if l.startswith("rlhf-nb grpo: error:")]     # Ray logs its retries too
+    assert p.returncode == 2 and len(errors) == 1, p.stderr[-3000:]
+    assert f"the Ray cluster at {cluster.address} asks for an authentication token" in errors[0], errors
+    assert "set RAY_AUTH_MODE=token" in errors[0], errors
+
+
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
 def test_two_nodes_match_colocate(cluster, tmp_path, algo):
     """PPO: actor+ref (2 workers) on node_a, critic (2 workers) on node_b; GRPO: actor+ref (2 workers) on node_b, the
     driver beside the head. Both against the colocate placement in 2 DDP processes: 2 steps, every metric within 1e-5."""
     ref = start(cli(algo, tmp_path / "colocate", "--max_steps", 2)[1:], prefix=DDP)
     ray_run = start(cli(algo, tmp_path / "ray", "--max_steps", 2, "--placement", "ray", "--ray_address", cluster.address,
-                        *NODES[algo]))
+                        *NODES[algo]), cluster=cluster)
     ok(ray_run); ok(ref)
     a, b = metrics(tmp_path / "colocate"), metrics(tmp_path / "ray")
     assert len(a) == 2 and len(b) == 2 and not differ(a, b), differ(a, b)[:10]
@@ -90,7 +109,7 @@ def test_rollout_pool_on_the_other_node_matches_colocate(cluster, tmp_path):
     ref = start(cli("grpo", tmp_path / "colocate", *extra))
     ray_run = start(cli("grpo", tmp_path / "ray", *extra, "--placement", "ray", "--ray_address", cluster.address,
                         "--resource_pools", "actor_pool=1@node_a,rollout_pool=1@node_b",
-                        "--role_pools", "ActorRolloutRef=actor_pool,Rollout=rollout_pool"))
+                        "--role_pools", "ActorRolloutRef=actor_pool,Rollout=rollout_pool"), cluster=cluster)
     ok(ray_run); ok(ref)
     a, b = metrics(tmp_path / "colocate"), metrics(tmp_path / "ray")
     assert len(a) == 3 and not differ(a, b), differ(a, b)[:10]
@@ -108,7 +127,7 @@ def test_lost_node_stops_the_run_and_a_fresh_node_resumes_it(cluster, tmp_path):
     out = tmp_path / "ray"
     cmd = cli("ppo", out, *args, "--placement", "ray", "--ray_address", cluster.address, *split)
     cmd[cmd.index("--"):cmd.index("--")] = ["--step_sleep", "0.5"]
-    p = subprocess.Popen(cmd, env=ENV, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    p = start(cmd, cluster=cluster)
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and p.poll() is None:
         if (out / "checkpoint-2" / "trainer_state.json").exists() and (out / "metrics.jsonl").exists() and len(metrics(out)) >= 3: break
@@ -123,7 +142,7 @@ def test_lost_node_stops_the_run_and_a_fresh_node_resumes_it(cluster, tmp_path):
     done = sorted(int(c.name.split("-")[1]) for c in out.glob("checkpoint-*"))
     assert done and all((out / f"checkpoint-{s}" / "trainer_state.json").exists() for s in done) and max(done) < n
     cluster.add("node_b", 4)
-    ok(start(cmd + ["--resume_from_checkpoint", "latest"]))
+    ok(start(cmd + ["--resume_from_checkpoint", "latest"], cluster=cluster))
     ok(ref)
     a, b = metrics(tmp_path / "ref"), metrics(out)
     assert len(a) == n and a == b, differ(a, b, 0)[:10]

@@ -270,7 +270,7 @@ def test_ray_rollout_pool_runs_vllm_servers(vpy, tmp_path):
                    "vllm", "--vllm_mode", "server", "--vllm_server_python", vpy, "--max_steps", 3, "--max_staleness", s,
                    "--ray_address", c.address, *pools, "--output_dir", tmp_path / f"s{s}", *TINY]
             with open(tmp_path / f"err{s}.txt", "w") as err:
-                p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=err, env=ENV, cwd=tmp_path)
+                p = subprocess.Popen(list(map(str, cmd)), stdout=subprocess.DEVNULL, stderr=err, env={**ENV, **c.env}, cwd=tmp_path)
                 parents, t0 = {}, time.monotonic()
                 while p.poll() is None and time.monotonic() - t0 < HANG:       # who started each new server
                     for pid in servers() - before:
