@@ -37,7 +37,7 @@ def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=No
     data_args = data_args or DataArgs()
     t0 = time.time()
     cfg.dataset = resolve_dataset(cfg.dataset, data_args.data_dir, data_args.dataset_source)
-    if cfg.eval_dataset: cfg.eval_dataset = resolve_dataset(cfg.eval_dataset, data_args.data_dir, data_args.dataset_source)
+    if cfg.eval_dataset: cfg.eval_dataset = resolve_dataset(cfg.eval_dataset, data_args.data_dir, data_args.dataset_source, option="--eval_dataset")
     trainer = (trainer_class or rl_trainer_class(cfg))(cfg, **(trainer_kwargs or {}))
     hist = trainer.fit()
     acc = trainer.accelerator

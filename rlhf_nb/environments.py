@@ -5,14 +5,15 @@
 # %% ../nbs/01fu_env_adapters.ipynb #e7884727
 from __future__ import annotations
 import asyncio, difflib, inspect, json, threading, typing
+from pathlib import Path
 from .config import ConfigError
-from .data import DataError, Splits
+from .data import DataError, Splits, read_rows
 from .rewards import register_reward, reasoning_gym_reward
 
 # %% auto #0
-__all__ = ['RG_DATA_SOURCE', 'RG_EXACT_DATA_SOURCE', 'ENV_DATA_SOURCE', 'parse_tasks', 'prep_reasoning_gym', 'EnvTimeout',
-           'tool_method', 'observation_text', 'OpenEnvAdapter', 'openenv_environment', 'VerifiersAdapter',
-           'environment_reward', 'verifiers_environment', 'verifiers_rows']
+__all__ = ['RG_DATA_SOURCE', 'RG_EXACT_DATA_SOURCE', 'DRAWS_PER_ROW', 'ENV_DATA_SOURCE', 'parse_tasks', 'prep_reasoning_gym',
+           'excluded_questions', 'EnvTimeout', 'tool_method', 'observation_text', 'OpenEnvAdapter',
+           'openenv_environment', 'VerifiersAdapter', 'environment_reward', 'verifiers_environment', 'verifiers_rows']
 
 # %% ../nbs/01fu_env_adapters.ipynb #72ea6603
 def _reasoning_gym():
@@ -50,11 +51,21 @@ def parse_tasks(spec):
 # %% ../nbs/01fu_env_adapters.ipynb #a69096d2
 RG_DATA_SOURCE, RG_EXACT_DATA_SOURCE = "reasoning_gym", "reasoning_gym_exact"   # verifier score; 1 only at full credit
 
-def _rg_entries(name, cfg, n, seed):
-    "`n` entries of task `name` with config `cfg`, generated from `seed`."
-    try: ds = _reasoning_gym().create_dataset(name, size=n, seed=seed, **cfg)
+DRAWS_PER_ROW = 50                       # with `banned` questions: draws tried per row wanted before giving up
+
+def _rg_entries(name, cfg, n, seed, banned=frozenset()):
+    "`n` entries of task `name` with config `cfg`, generated from `seed`, skipping those whose question is in `banned`."
+    cap = n if not banned else DRAWS_PER_ROW * n + 1000                 # entry i depends on (seed, i) only, not on size
+    try: ds = _reasoning_gym().create_dataset(name, size=max(cap, 1), seed=seed, **cfg)
     except (TypeError, ValueError, AssertionError) as e: raise ConfigError(f"--task {name}: its config is refused: {e}") from None
-    return [ds[i] for i in range(n)]
+    out = []
+    for i in range(cap):
+        if len(out) == n: break
+        if (e := ds[i])["question"] not in banned: out.append(e)
+    if len(out) < n:
+        raise DataError(f"--task {name}: only {len(out)} of {n} questions drawn in {cap} tries are not in --exclude; "
+                        f"the task's space is too small for this --n (lower it, or widen the task's config)")
+    return out
 
 def _rg_row(name, entry, split, i, data_source=RG_DATA_SOURCE):
     "One verl row of a reasoning-gym entry."
@@ -70,17 +81,20 @@ def _interleave(groups):
     return out
 
 # %% ../nbs/01fu_env_adapters.ipynb #e220badf
-def prep_reasoning_gym(task, n=1000, n_test=200, seed=0, exact_match=False):
-    "reasoning-gym tasks `task` ('a,b:key=value') as Splits: `n` train rows and up to `n_test` test rows, tasks mixed."
+def prep_reasoning_gym(task, n=1000, n_test=200, seed=0, exact_match=False, exclude=None):
+    """reasoning-gym tasks `task` ('a,b:key=value') as Splits: `n` train rows and up to `n_test` test rows, tasks mixed;
+    no question of the datasets in `exclude` (parquet files or folders, comma separated) is drawn."""
     tasks = parse_tasks(task)
     if n < len(tasks) or n_test < 0:
         raise ConfigError(f"--n {n} / --n_test {n_test}: need --n >= {len(tasks)} (one row per task) and --n_test >= 0")
     share = lambda total, j: total // len(tasks) + (j < total % len(tasks))
+    banned = excluded_questions(exclude)
     train, test, notes = [], [], []
     for j, (name, cfg) in enumerate(tasks):
-        tr = _rg_entries(name, cfg, share(n, j), seed)
+        tr = _rg_entries(name, cfg, share(n, j), seed, banned)
         seen = {e["question"] for e in tr}
-        te = [e for e in (_rg_entries(name, cfg, share(n_test, j), seed + 1_000_003) if share(n_test, j) else []) if e["question"] not in seen]
+        te = [e for e in (_rg_entries(name, cfg, share(n_test, j), seed + 1_000_003, banned) if share(n_test, j) else [])
+              if e["question"] not in seen]
         if len(te) < share(n_test, j): notes.append(f"{name}: dropped {share(n_test, j) - len(te)} test questions also in train")
         train.append([(name, e) for e in tr]); test.append([(name, e) for e in te])
     src = RG_EXACT_DATA_SOURCE if exact_match else RG_DATA_SOURCE      # exact_match: no partial credit in the reward
@@ -89,6 +103,18 @@ def prep_reasoning_gym(task, n=1000, n_test=200, seed=0, exact_match=False):
     if not splits["test"]: del splits["test"]
     for rows in splits.values(): _check_verifiers(rows)
     return splits
+
+def excluded_questions(exclude):
+    "The user questions of every row in `exclude` (parquet files or folders of them, comma separated) -> a set."
+    if not exclude: return frozenset()
+    files = []
+    for part in [p.strip() for p in str(exclude).split(",") if p.strip()]:
+        path = Path(part)
+        if not path.exists(): raise DataError(f"--exclude {part}: no such file or folder")
+        found = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+        if not found: raise DataError(f"--exclude {part}: no .parquet file in this folder")
+        files += found
+    return frozenset(r["prompt"][-1]["content"] if isinstance(r["prompt"], list) else r["prompt"] for r in read_rows(files, "rl"))
 
 def _check_verifiers(rows):
     "Refuse rows whose reference answer its own verifier does not accept once the entry has been through JSON."

@@ -358,7 +358,7 @@ def parse_train_args(algo, argv):
         if getattr(cfg, k, None): models.check_model_path(getattr(cfg, k), k)
     check_output_dir(getattr(cfg, "output_dir", None), getattr(cfg, "overwrite_output_dir", False), getattr(cfg, "resume_from_checkpoint", None))
     if algo in ("ppo", "grpo"):
-        for spec in (cfg.dataset, cfg.eval_dataset): _lazy("prep").check_dataset(spec)
+        for opt, spec in (("--dataset", cfg.dataset), ("--eval_dataset", cfg.eval_dataset)): _lazy("prep").check_dataset(spec, opt)
     if largs.accelerate_config is None:
         given = [k for k in LAUNCH_FLAGS if getattr(largs, k) is not None]
         if given and _launched_world() == 1:

@@ -126,6 +126,8 @@ def _prep_parser():
     p.add_argument("--exact_match", "--exact-match", action="store_true", default=None,
                    help="reasoning_gym: reward 1 only for an answer the task's verifier fully accepts (data_source "
                         "reasoning_gym_exact); default: the verifier's score, partial credit included")
+    p.add_argument("--exclude", help="reasoning_gym: prepared datasets (parquet files or folders, comma separated) whose "
+                                     "questions are not drawn, e.g. the SFT data when preparing RL rows")
     p.add_argument("--seed", type=int, help="seed for arith generation and subsets (default 0)")
     p.add_argument("--digits", type=int, help="arith: digits per operand")
     p.add_argument("--ops", help="arith: operators to draw from, e.g. '+-*'")
@@ -201,17 +203,17 @@ def _rank_prefix():
     return f"[rank {os.environ.get('RANK', '?')}] " if world > 1 else ""
 
 # %% ../nbs/00d_prep.ipynb #1ea7ccf0
-def check_dataset(spec):
-    "Fail early (before any process starts) on a --dataset that is neither 'arith', a dataset name, nor a parquet path."
+def check_dataset(spec, option="--dataset"):
+    "Fail early (before any process starts) on a dataset `option` that is neither 'arith', a dataset name, nor a parquet path."
     if spec is None or spec == "arith" or Path(str(spec)).exists(): return spec
     if spec not in PREPROCESSORS:
-        raise FileNotFoundError(f"--dataset {spec!r}: not 'arith', not a dataset name ({', '.join(PREPROCESSORS)}), "
+        raise FileNotFoundError(f"{option} {spec!r}: not 'arith', not a dataset name ({', '.join(PREPROCESSORS)}), "
                                 "and not an existing parquet file or folder")
     return spec
 
-def resolve_dataset(spec, data_dir="runs/data", source=None, quiet=False):
+def resolve_dataset(spec, data_dir="runs/data", source=None, quiet=False, option="--dataset"):
     "'arith' or an existing parquet path: unchanged; a preprocessor name (gsm8k, math, hh-rlhf): prepared once into data_dir/NAME."
-    if check_dataset(spec) is None or spec == "arith" or Path(str(spec)).exists(): return spec
+    if check_dataset(spec, option) is None or spec == "arith" or Path(str(spec)).exists(): return spec
     folder, options = Path(data_dir) / spec, ({"source": str(source)} if source else {})
     def _prepare():
         man = folder / "prep.json"

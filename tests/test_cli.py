@@ -164,6 +164,7 @@ BAD = {
     "config file missing": (["ppo", "--config", "nope.yaml"], "config file not found: nope.yaml"),
     "inconsistent options": (["ppo", "--ref_strategy", "none"], "kl_coef=0"),
     "unknown dataset": (["grpo", "--dataset", "gsm9k"], "--dataset 'gsm9k': not 'arith'"),
+    "missing eval dataset": (["grpo", "--eval_dataset", "held/test.parquet"], "--eval_dataset 'held/test.parquet': not 'arith'"),
     "negative save_steps (RL)": (["grpo", "--save_steps", "-1"], "--save_steps -1 is out of range: it must be >= 0"),
     "negative save_total_limit (sft)": (["sft", "--save_total_limit", "-2"], "--save_total_limit -2 is out of range: it must be >= 0"),
 }

@@ -50,7 +50,8 @@ def test_grpo_two_steps_from_the_cli(rg_data, tmp_path, capsys):
     assert status == 0
     "The shipped recipe's options, on the tiny model (no SFT start) and the two-task data, for two steps."
     config = Path(__file__).resolve().parents[1] / "configs" / "grpo_reasoning_gym.yaml"
-    rc = launch.main(["grpo", "--config", str(config), "--model_name_or_path", "tiny", "--warm_start_dir", "", "--dataset", str(out), "--max_steps", "2",
+    rc = launch.main(["grpo", "--config", str(config), "--model_name_or_path", "tiny", "--warm_start_dir", "", "--dataset", str(out),
+                      "--eval_dataset", str(out / "test.parquet"), "--max_steps", "2",
                       "--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "12",
                       "--eval_steps", "0", "--output_dir", str(tmp_path / "grpo")])
     assert rc == 0, capsys.readouterr().err[-2000:]
@@ -72,6 +73,24 @@ def test_prep_exact_match_rows(tmp_path):
     assert compute_score("reasoning_gym_exact", f"#### 1{gt}", gt, r["extra_info"]) == 0.0
     assert compute_score("reasoning_gym_exact", f"#### {gt}", gt, r["extra_info"]) == 1.0
     assert json.loads((tmp_path / "x" / "prep.json").read_text())["options"]["exact_match"] is True
+
+
+def test_prep_exclude_draws_only_new_questions(tmp_path, capsys):
+    "--exclude DIR: rows for RL whose questions the SFT data (train and test) never asked; a missing path is one line."
+    q = lambda path: {r["prompt"][0]["content"] for f in Path(path).glob("*.parquet") for r in read_rows(f, "rl")}
+    assert launch.main(["prep", "reasoning_gym", "--task", TASKS, "--n", "60", "--n_test", "20", "--out", str(tmp_path / "sft")]) == 0
+    assert launch.main(["prep", "reasoning_gym", "--task", TASKS, "--n", "60", "--n_test", "0", "--seed", "1",
+                        "--exclude", str(tmp_path / "sft"), "--out", str(tmp_path / "rl")]) == 0
+    rl = read_rows(tmp_path / "rl" / "train.parquet", "rl")
+    assert len(rl) == 60 and not q(tmp_path / "rl") & q(tmp_path / "sft")
+    assert {r["extra_info"]["task"] for r in rl} == {"chain_sum", "spell_backward"}
+    assert json.loads((tmp_path / "rl" / "prep.json").read_text())["options"]["exclude"] == str(tmp_path / "sft")
+    capsys.readouterr()
+    assert launch.main(["prep", "reasoning_gym", "--task", TASKS, "--n", "4", "--exclude", str(tmp_path / "nope"),
+                        "--out", str(tmp_path / "bad")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"rlhf-nb prep: error: --exclude {tmp_path / 'nope'}: no such file or folder"], err
+    assert not (tmp_path / "bad").exists()
 
 
 @pytest.mark.parametrize("argv, line", [
