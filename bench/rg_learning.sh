@@ -7,9 +7,10 @@
 #   SEED=1 OUT=runs/rg_seed1 RESULT=runs/rg_seed1.json bash bench/rg_learning.sh   # another seed of SFT and GRPO (same data)
 # The SFT start stops at SFT_TARGET held-out accuracy (0.55: letter_counting's most common answer alone is right on ~0.7
 # of its questions, so the mix reaches 0.55 once about a third of the held-out sums are right, which leaves GRPO groups
-# with both right and wrong answers on sums it never saw) or after SFT_SECONDS. GRPO's rows ask questions that neither the SFT rows nor the held-out rows ask (prep --exclude). All rows
-# are prepared with --exact_match, so RL's reward is 1 only for a fully correct answer (the arithmetic verifiers'
-# partial credit for an answer containing the reference is exploitable).
+# with both right and wrong answers on sums it never saw) or after SFT_SECONDS. GRPO's rows ask questions that neither
+# the SFT rows nor the held-out rows ask (prep --exclude). All rows are prepared with --exact_match, so RL's reward is
+# 1 only for a fully correct answer (the arithmetic verifiers' partial credit for an answer containing the reference
+# is exploitable).
 # REUSE_SFT=1 keeps OUT/sft and OUT/sft_summary.json from an earlier run of this script with the same OUT and SEED (the
 # SFT rows are prepared identically) and runs the rest.
 # Writes bench/results_rg_learning.json (the GRPO summary; RESULT=... elsewhere); work files under runs/rg_learning/.
