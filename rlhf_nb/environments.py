@@ -71,7 +71,7 @@ def _rg_row(name, entry, split, i, data_source=RG_DATA_SOURCE):
     "One verl row of a reasoning-gym entry."
     answer = str(entry["answer"])
     return {"data_source": data_source, "prompt": [{"role": "user", "content": entry["question"]}], "ability": "reasoning",
-            "reward_model": {"style": "rule", "ground_truth": answer}, "completion": f"#### {answer}",
+            "reward_model": {"style": "rule", "ground_truth": answer}, "completion": f"{answer} #### {answer}",
             "extra_info": {"split": split, "index": i, "task": name, "entry": json.dumps(entry, default=str)}}
 
 def _interleave(groups):

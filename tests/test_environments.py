@@ -42,6 +42,8 @@ def test_prep_rows_contract(rg_data):
         gt = r["reward_model"]["ground_truth"]
         assert compute_score("reasoning_gym", f"#### {gt}", gt, r["extra_info"]) == 1.0
     assert not {r["prompt"][-1]["content"] for r in test} & {r["prompt"][-1]["content"] for r in train}
+    sft = read_rows(out / "train.parquet", "sft")                       # SFT's target: the answer, then the graded line
+    assert all(r["completion"] == f"{g} #### {g}" for r in sft for g in [r["reward_model"]["ground_truth"]])
     assert json.loads((out / "prep.json").read_text())["options"]["task"] == TASKS
 
 
