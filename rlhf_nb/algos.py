@@ -45,7 +45,7 @@ def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=No
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     rm_evals = [(h["step"], h["eval/rm_score"], h.get("eval/win_rate")) for h in hist if "eval/rm_score" in h]
     last = next((h for h in reversed(hist) if last_key in h), {})
-    summary = {"algo": algo or cfg.adv_estimator, "steps": trainer.global_step, "world_size": acc.num_processes,
+    summary = {"algo": algo or cfg.adv_estimator, "steps": trainer.global_step, "world_size": getattr(trainer, "world", acc.num_processes),   # Ray: the pool's workers
                "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, **(extra or {}), "eval_accuracy": evals,
                **({"eval_rm_score_win_rate": rm_evals} if rm_evals else {}),
                "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},

@@ -73,6 +73,7 @@ def test_ray_worker_group_of_two_matches_accelerate_ddp(tmp_path):
     assert len(a) == 2 and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
     assert_moving(a)
     assert len(json.loads((tmp_path / "ray" / "ray_workers.json").read_text())) == 2
+    assert [json.loads((tmp_path / d / "summary.json").read_text())["world_size"] for d in ("ddp", "ray")] == [2, 2]   # the pool's workers
 
 
 def test_killed_ray_worker_stops_the_driver_and_resume_reproduces_the_run(tmp_path):
