@@ -10,13 +10,15 @@ import torch
 from .core import informative_groups
 from .prep import resolve_dataset, DataArgs
 from .files import write_json_atomic
-from .dist import gather_checksums, peak_memory
+from .dist import gather_checksums, param_checksum, peak_memory
+from .placement import wait_all
+from .workers import Role
 from .rl_config import PPOConfig, GRPOConfig          # GRPOConfig is declared without torch; importable from here too
 from .ppo import RLTrainer
 from .fast import FastRLTrainer
 
 # %% auto #0
-__all__ = ['rl_trainer_class', 'run_grpo', 'run_rl']
+__all__ = ['rl_trainer_class', 'run_grpo', 'rank_checksum', 'combine_checksums', 'final_checksums', 'run_rl']
 
 # %% ../nbs/02b_grpo.ipynb #dff57850
 def rl_trainer_class(cfg):
@@ -31,6 +33,26 @@ def run_grpo(config, **trainer_kw):
     trainer.fit()
     return trainer
 
+# %% ../nbs/02b_grpo.ipynb #feba0588
+def rank_checksum(t, roles):
+    "On a Ray worker: `param_checksum` of the trained `roles` it hosts (actor, then critic)."
+    return param_checksum(*(t.workers[r].unwrapped for r in roles))
+
+def combine_checksums(per_pool):
+    "{pool: [checksum of each rank]} -> one string per rank, rank r joining rank r (mod the pool's size) of every pool."
+    n = max(len(v) for v in per_pool.values())
+    return [":".join(v[r % len(v)] for v in per_pool.values()) for r in range(n)]
+
+def final_checksums(trainer):
+    "Every rank's checksum of the trained weights: gathered from the processes, or hashed on the Ray workers holding them."
+    if not trainer.placement.remote: return gather_checksums(trainer.accelerator, trainer.actor, trainer.critic)
+    groups, roles = {}, {}
+    for role in (Role.ActorRollout, Role.Critic):
+        if role in trainer.workers:
+            g = trainer.placement.group_of(role); groups[g.pool] = g; roles.setdefault(g.pool, []).append(role)
+    return combine_checksums({p: [o for o, _ in wait_all([(g, r, a.run.remote(rank_checksum, roles[p])) for r, a in enumerate(g.actors)])]
+                              for p, g in groups.items()})
+
 # %% ../nbs/02b_grpo.ipynb #3c527ac2
 def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=None, last_key="score/mean", extra=None):
     "Train `cfg` with the RL trainer (or `trainer_class`); main process writes `output_dir/summary.json`. Returns the summary."
@@ -41,7 +63,7 @@ def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=No
     trainer = (trainer_class or rl_trainer_class(cfg))(cfg, **(trainer_kwargs or {}))
     hist = trainer.fit()
     acc = trainer.accelerator
-    sums = gather_checksums(acc, trainer.actor, trainer.critic)
+    sums = final_checksums(trainer)
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     rm_evals = [(h["step"], h["eval/rm_score"], h.get("eval/win_rate")) for h in hist if "eval/rm_score" in h]
     last = next((h for h in reversed(hist) if last_key in h), {})

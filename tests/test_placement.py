@@ -64,7 +64,7 @@ def test_colocate_and_ray_split_log_the_same_metrics(tmp_path, algo):
 
 
 def test_ray_worker_group_of_two_matches_accelerate_ddp(tmp_path):
-    "A pool of 2 Ray workers (gloo process group, one shard each) logs what 2 accelerate DDP processes log."
+    "A pool of 2 Ray workers (gloo process group, one shard each) logs what 2 accelerate DDP processes log, ends with their weights."
     ddp = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "configs/accelerate/cpu_2proc.yaml")]
     run(cli("ppo", tmp_path / "ddp", "--max_steps", 2)[1:], prefix=ddp)
     run(cli("ppo", tmp_path / "ray", "--max_steps", 2, "--placement", "ray", "--resource_pools", "dp_pool=2",
@@ -73,7 +73,10 @@ def test_ray_worker_group_of_two_matches_accelerate_ddp(tmp_path):
     assert len(a) == 2 and a == b, [(k, x[k], y.get(k)) for x, y in zip(a, b) for k in x if x[k] != y.get(k)][:10]
     assert_moving(a)
     assert len(json.loads((tmp_path / "ray" / "ray_workers.json").read_text())) == 2
-    assert [json.loads((tmp_path / d / "summary.json").read_text())["world_size"] for d in ("ddp", "ray")] == [2, 2]   # the pool's workers
+    ddp_s, ray_s = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "ray"))
+    assert (ddp_s["world_size"], ray_s["world_size"]) == (2, 2)                          # the pool's workers
+    # hashed on each Ray worker (actor + critic, as each DDP process hashes its copy): the same two checksums
+    assert ray_s["ranks_identical"] and ray_s["param_checksums"] == ddp_s["param_checksums"] and len(ray_s["param_checksums"]) == 2
 
 
 def test_killed_ray_worker_stops_the_driver_and_resume_reproduces_the_run(tmp_path):
