@@ -308,7 +308,7 @@ class SupervisedArgs:
     "Pace and checks of a one-model training stage (SFT, a reward model): learning rate, limits, evaluation, seed."
     learning_rate: float = option(3e-3, "AdamW learning rate.", gt=0)
     max_seconds: Optional[float] = option(None, "Stop after this many seconds of training.", gt=0)
-    eval_steps: int = option(50, "Held-out evaluation every this many steps (SFT: greedy accuracy; reward model: pairwise accuracy).", min=0)
+    eval_steps: int = option(50, "Held-out evaluation every this many steps (SFT: greedy accuracy; reward model: pairwise accuracy); 0: none while training.", min=0)
     eval_size: int = option(200, "Held-out examples the evaluation uses (prompts for SFT, pairs for a reward model).", min=0)
     seed: int = option(0, "Seed of initialisation, data order and the arith task.")
 

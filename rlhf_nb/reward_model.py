@@ -103,7 +103,7 @@ def train_reward_model(model, tokenizer, rows, eval_rows=None, learning_rate=3e-
     state = lambda n: dict(step=n, history=hist, generator=g.get_state().tolist())
     model.train()
     RunLoop(_rm_step(model, opt, sched, c_ids, j_ids, tokenizer.pad_token_id, g, batch_size, margin, center_rewards_coefficient),
-            max_steps, st["step"] if st else 0, evaluate=evaluate if eval_rows else None, eval_due=lambda n: n % eval_steps == 0,
+            max_steps, st["step"] if st else 0, evaluate=evaluate if eval_rows and eval_steps else None, eval_due=lambda n: n % eval_steps == 0,
             log=keep_rows(hist, on_log, checkpoints and checkpoints.run_log.log), budget=TimeBudget(max_seconds), time_key="seconds",
             bar=dict(desc="reward model", leave=False, mininterval=5),
             **(checkpoints.loop_options(model, tokenizer, opt, sched, state) if checkpoints else {})).run()

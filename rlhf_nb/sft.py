@@ -147,6 +147,7 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     "Completion-only SFT with AdamW; stops at `target_accuracy` on `eval_rows`, `max_steps` or `max_seconds`. Returns the history (each row also to `on_log`)."
     if not rows: raise ValueError("sft_train: no training rows")
     if target_accuracy is not None and not eval_rows: raise ValueError("sft_train: target_accuracy needs eval_rows")
+    if target_accuracy is not None and not eval_steps: raise ValueError("sft_train: target_accuracy needs eval_steps >= 1 (it is checked at each evaluation)")
     data = [encode_sft_row(tokenizer, r) for r in rows]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
@@ -163,7 +164,7 @@ def sft_train(model, tokenizer, rows, eval_rows=None, learning_rate=3e-3, batch_
     was_training = model.training
     model.train()
     RunLoop(_sft_step(model, opt, sched, data, order, rng, batch_size, pad, max_length, max_grad_norm, padding_free), max_steps,
-            st["step"] if st else 0, evaluate=evaluate if eval_rows else None, eval_due=lambda n: n % every() == 0,
+            st["step"] if st else 0, evaluate=evaluate if eval_rows and eval_steps else None, eval_due=lambda n: n % every() == 0,
             log=keep_rows(history, on_log, checkpoints and checkpoints.run_log.log), budget=TimeBudget(max_seconds),
             time_key="seconds", done=lambda r: target_accuracy is not None and r.get("eval_accuracy", -1.0) >= target_accuracy,
             bar=dict(desc="sft", disable=not progress),
@@ -271,12 +272,12 @@ class SFTArgs(SupervisedArgs, CheckpointArgs, TrackingArgs, DataArgs, LoadArgs, 
     n_train: int = option(5000, "Training examples (arith: generated; otherwise the first n).", min=1)
     warmup_steps: int = option(50, "Linear warm-up steps.", min=0)
     lr_scheduler_type: str = option("constant", "constant or cosine (after warm-up).")
+    weight_decay: float = option(0.0, "AdamW's decoupled weight decay (each step shrinks every weight by learning_rate x this).", min=0)
     max_length: Optional[int] = option(None, "Truncate prompt+completion to this many tokens.", min=2)
     tokenizer_vocab_size: Optional[int] = option(None, "With model 'tiny': train a byte-level BPE tokenizer of this many tokens on the training text "
                                                   "(dialogue data); default: the character tokenizer.", min=1)
     padding_free: bool = option(False, "TRL's name: each batch's rows packed without pad tokens, position ids restarting "
                                 "at each row (same loss; Llama/Qwen2 models). See rlhf_nb.packing.")
-
 
 # %% ../nbs/01c_sft.ipynb #d50dec75
 def _sft_model(a, rows):
@@ -312,7 +313,7 @@ def run_sft(a):
         hist = sft_train(model, tok, train, evals or None, learning_rate=a.learning_rate, batch_size=a.per_device_train_batch_size,
                          max_steps=a.max_steps, eval_steps=a.eval_steps, target_accuracy=a.target_accuracy,
                          max_seconds=a.max_seconds, seed=a.seed, lr_scheduler_type=a.lr_scheduler_type,
-                         warmup_steps=a.warmup_steps, max_length=a.max_length, checkpoints=ck, padding_free=a.padding_free, on_log=lambda r: [s(r) for s in sinks])
+                         warmup_steps=a.warmup_steps, weight_decay=a.weight_decay, max_length=a.max_length, checkpoints=ck, padding_free=a.padding_free, on_log=lambda r: [s(r) for s in sinks])
     res = {"output_dir": str(out), "steps": hist[-1]["step"], "eval_accuracy": greedy_accuracy(model, tok, evals)["accuracy"] if evals else None}
     if is_peft_model(model): model = model.merge_and_unload()             # a plain folder the next stage loads
     close_sinks(sinks)                                                    # tracker files complete, then moved with the folder
