@@ -5,9 +5,9 @@
 #   SFT_SECONDS=60 RL_SECONDS=60 bash bench/rg_learning.sh   # a quick check of the commands
 #   TASKS=chain_sum:max_terms=2:max_digits=1,letter_counting:max_words=3 RESULT=runs/x.json bash bench/rg_learning.sh
 #   SEED=1 OUT=runs/rg_seed1 RESULT=runs/rg_seed1.json bash bench/rg_learning.sh   # another seed of SFT and GRPO (same data)
-# The SFT start (two stages, below) stops at SFT_TARGET held-out accuracy (0.55: letter_counting's most common answer alone is right on ~0.7
-# of its questions, so the mix reaches 0.55 once about a third of the held-out sums are right, which leaves GRPO groups
-# with both right and wrong answers on sums it never saw) or after SFT_SECONDS. GRPO's rows ask questions that neither
+# The SFT start (two stages, below) stops at SFT_TARGET held-out accuracy (0.55: letter_counting's most common answer
+# alone is right on ~0.7 of its questions, so the mix reaches 0.55 once about a third of the held-out sums are right,
+# which leaves GRPO groups with both right and wrong answers on sums it never saw) or after SFT_SECONDS. GRPO's rows ask questions that neither
 # the SFT rows nor the held-out rows ask (prep --exclude). All rows are prepared with --exact_match, so RL's reward is
 # 1 only for a fully correct answer (the arithmetic verifiers' partial credit for an answer containing the reference
 # is exploitable).

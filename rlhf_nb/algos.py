@@ -46,12 +46,11 @@ def combine_checksums(per_pool):
 def final_checksums(trainer):
     "Every rank's checksum of the trained weights: gathered from the processes, or hashed on the Ray workers holding them."
     if not trainer.placement.remote: return gather_checksums(trainer.accelerator, trainer.actor, trainer.critic)
-    groups, roles = {}, {}
+    hosted = {}                                                          # worker group -> the trained roles on it
     for role in (Role.ActorRollout, Role.Critic):
-        if role in trainer.workers:
-            g = trainer.placement.group_of(role); groups[g.pool] = g; roles.setdefault(g.pool, []).append(role)
-    return combine_checksums({p: [o for o, _ in wait_all([(g, r, a.run.remote(rank_checksum, roles[p])) for r, a in enumerate(g.actors)])]
-                              for p, g in groups.items()})
+        if role in trainer.workers: hosted.setdefault(trainer.placement.group_of(role), []).append(role)
+    return combine_checksums({g.pool: [o for o, _ in wait_all([(g, r, a.run.remote(rank_checksum, roles)) for r, a in enumerate(g.actors)])]
+                              for g, roles in hosted.items()})
 
 # %% ../nbs/02b_grpo.ipynb #3c527ac2
 def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=None, last_key="score/mean", extra=None):
@@ -67,7 +66,7 @@ def run_rl(cfg, data_args=None, trainer_kwargs=None, trainer_class=None, algo=No
     evals = [(h["step"], h["eval/accuracy"]) for h in hist if "eval/accuracy" in h]
     rm_evals = [(h["step"], h["eval/rm_score"], h.get("eval/win_rate")) for h in hist if "eval/rm_score" in h]
     last = next((h for h in reversed(hist) if last_key in h), {})
-    summary = {"algo": algo or cfg.adv_estimator, "steps": trainer.global_step, "world_size": getattr(trainer, "world", acc.num_processes),   # Ray: the pool's workers
+    summary = {"algo": algo or cfg.adv_estimator, "steps": trainer.global_step, "world_size": trainer.world,          # Ray: the pool's workers
                "param_checksums": sums, "ranks_identical": len(set(sums)) == 1, **(extra or {}), "eval_accuracy": evals,
                **({"eval_rm_score_win_rate": rm_evals} if rm_evals else {}),
                "final": {k: v for k, v in last.items() if isinstance(v, (int, float))},
